@@ -1,0 +1,288 @@
+"""Llama / Qwen2-family decoder in `flax.linen`, pure-functional over an explicit param pytree.
+
+Param tree (mirrors the Hugging Face names so conversion is a table, see `hf_io.py`):
+
+  model/embed_tokens/embedding                [V, E]         ('vocab', 'embed')
+  model/layers_{i}/input_layernorm/weight     [E]            ('norm',)
+  model/layers_{i}/self_attn/q_proj/kernel    [E, H, D]      ('embed', 'heads', 'head_dim')
+  model/layers_{i}/self_attn/{k,v}_proj/kernel[E, K, D]      ('embed', 'kv_heads', 'head_dim')
+  model/layers_{i}/self_attn/o_proj/kernel    [H, D, E]      ('heads', 'head_dim', 'embed')
+  model/layers_{i}/post_attention_layernorm/weight
+  model/layers_{i}/mlp/{gate,up}_proj/kernel  [E, F]         ('embed', 'mlp')
+  model/layers_{i}/mlp/down_proj/kernel       [F, E]         ('mlp', 'embed')
+  model/norm/weight                           [E]
+  lm_head/kernel                              [E, V]         ('embed', 'vocab')   (absent when tied)
+  value_head/kernel, value_head/bias          [E, 1], [1]    (ValueLM only)
+
+The KV cache is an explicit pytree too (see `init_cache`): slots are written at `cache['index']`,
+`cache['mask']` marks which slots hold real tokens, so left-padded batches of different prompt
+lengths share one write position and attend causally in slot order.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rlrag_jax.models.config import ModelConfig
+
+Array = jax.Array
+_part = nn.with_logical_partitioning
+_constrain = nn.with_logical_constraint
+
+
+# ------------------------------------------------------------------------------------ RoPE
+def rope_inv_freq(config: ModelConfig) -> np.ndarray:
+  """Inverse frequencies [D/2], with 'linear' or 'llama3' scaling applied (float32, as HF)."""
+  d = config.head_dim
+  inv = 1.0 / (config.rope_theta ** (np.arange(0, d, 2, dtype=np.int64).astype(np.float32) / d))
+  inv = inv.astype(np.float32)
+  rs = config.rope_scaling
+  if rs.rope_type == "linear":
+    inv = inv / np.float32(rs.factor)
+  elif rs.rope_type == "llama3":
+    old = rs.original_max_position_embeddings
+    low_wavelen = old / rs.low_freq_factor
+    high_wavelen = old / rs.high_freq_factor
+    wavelen = 2 * math.pi / inv
+    scaled = np.where(wavelen > low_wavelen, inv / rs.factor, inv)
+    smooth = (old / wavelen - rs.low_freq_factor) / (rs.high_freq_factor - rs.low_freq_factor)
+    smoothed = (1 - smooth) * scaled / rs.factor + smooth * scaled
+    medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+    inv = np.where(medium, smoothed, scaled).astype(np.float32)
+  return inv
+
+
+def rope_cos_sin(positions: Array, config: ModelConfig):
+  """positions [B, T] -> cos, sin [B, T, 1, D] in float32."""
+  inv = jnp.asarray(rope_inv_freq(config))
+  freqs = positions.astype(jnp.float32)[..., None] * inv  # [B, T, D/2]
+  emb = jnp.concatenate([freqs, freqs], axis=-1)
+  return jnp.cos(emb)[:, :, None, :], jnp.sin(emb)[:, :, None, :]
+
+
+def apply_rope(x: Array, cos: Array, sin: Array) -> Array:
+  """x [B, T, H, D]; rotate-half convention of the Llama family."""
+  half = x.shape[-1] // 2
+  rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+  out = x.astype(jnp.float32) * cos + rotated.astype(jnp.float32) * sin
+  return out.astype(x.dtype)
+
+
+# ------------------------------------------------------------------------------------ cache
+def init_cache(config: ModelConfig, batch: int, max_len: int, dtype=None) -> dict:
+  """Empty KV cache for `batch` rows and `max_len` slots."""
+  dtype = dtype or config.compute_dtype
+  shape = (batch, max_len, config.num_kv_heads, config.head_dim)
+  layers = tuple({"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
+                 for _ in range(config.num_layers))
+  return {"layers": layers, "mask": jnp.zeros((batch, max_len), jnp.bool_),
+          "index": jnp.zeros((), jnp.int32)}
+
+
+def default_positions(attention_mask: Array, cache: Optional[dict] = None) -> Array:
+  """RoPE position of each token: the count of real tokens before it (left padding safe)."""
+  m = attention_mask.astype(jnp.int32)
+  pos = jnp.cumsum(m, axis=1) - 1
+  if cache is not None:
+    pos = pos + jnp.sum(cache["mask"].astype(jnp.int32), axis=1, keepdims=True)
+  return jnp.maximum(pos, 0)
+
+
+# ------------------------------------------------------------------------------------ layers
+class RMSNorm(nn.Module):
+  eps: float
+  dtype: jnp.dtype
+  param_dtype: jnp.dtype
+
+  @nn.compact
+  def __call__(self, x):
+    w = self.param("weight", _part(nn.initializers.ones, ("norm",)), (x.shape[-1],),
+                   self.param_dtype)
+    xf = x.astype(jnp.float32)
+    xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + self.eps)
+    return (w.astype(jnp.float32) * xf).astype(self.dtype)
+
+
+def _dense(features, axes, cfg: ModelConfig, name, use_bias=False, bias_axes=None, in_axis=-1):
+  return nn.DenseGeneral(
+      features=features, axis=in_axis, use_bias=use_bias, dtype=cfg.compute_dtype,
+      param_dtype=cfg.params_dtype, name=name,
+      kernel_init=_part(nn.initializers.normal(0.02), axes),
+      bias_init=_part(nn.initializers.zeros, bias_axes) if use_bias else nn.initializers.zeros)
+
+
+class Attention(nn.Module):
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, x, cos, sin, allowed, layer_cache):
+    """x [B,T,E]; allowed [B,1,T,S] bool; layer_cache None or (k, v, index) with k/v [B,S,K,D]."""
+    cfg = self.config
+    h, k_h, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    q = _dense((h, d), ("embed", "heads", "head_dim"), cfg, "q_proj", cfg.attention_bias,
+               ("heads", "head_dim"))(x)
+    k = _dense((k_h, d), ("embed", "kv_heads", "head_dim"), cfg, "k_proj", cfg.attention_bias,
+               ("kv_heads", "head_dim"))(x)
+    v = _dense((k_h, d), ("embed", "kv_heads", "head_dim"), cfg, "v_proj", cfg.attention_bias,
+               ("kv_heads", "head_dim"))(x)
+    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    q = _constrain(q, ("activation_batch", "activation_length", "activation_heads", None))
+    new_kv = None
+    if layer_cache is not None:
+      ck, cv, index = layer_cache
+      k = jax.lax.dynamic_update_slice(ck, k.astype(ck.dtype), (0, index, 0, 0))
+      v = jax.lax.dynamic_update_slice(cv, v.astype(cv.dtype), (0, index, 0, 0))
+      new_kv = {"k": k, "v": v}
+    out = _attend(q, k.astype(q.dtype), v.astype(q.dtype), allowed)  # [B, T, H, D]
+    out = _constrain(out, ("activation_batch", "activation_length", "activation_heads", None))
+    y = _dense(cfg.hidden_size, ("heads", "head_dim", "embed"), cfg, "o_proj", in_axis=(-2, -1))(out)
+    return y, new_kv
+
+
+def _attend(q, k, v, allowed):
+  """Grouped-query attention. q [B,T,H,D], k/v [B,S,K,D], allowed [B,1,T,S]."""
+  b, t, h, d = q.shape
+  kv = k.shape[2]
+  qg = q.reshape(b, t, kv, h // kv, d)
+  scores = jnp.einsum("btkgd,bskd->bkgts", qg, k, preferred_element_type=jnp.float32)
+  scores = scores / np.float32(math.sqrt(d))
+  scores = jnp.where(allowed[:, :, None], scores, jnp.finfo(jnp.float32).min)
+  probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+  out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
+  return out.reshape(b, t, h, d)
+
+
+class MLP(nn.Module):
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, x):
+    cfg = self.config
+    gate = _dense(cfg.intermediate_size, ("embed", "mlp"), cfg, "gate_proj")(x)
+    up = _dense(cfg.intermediate_size, ("embed", "mlp"), cfg, "up_proj")(x)
+    hidden = _constrain(nn.silu(gate) * up, ("activation_batch", "activation_length",
+                                             "activation_mlp"))
+    return _dense(cfg.hidden_size, ("mlp", "embed"), cfg, "down_proj")(hidden)
+
+
+class Block(nn.Module):
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, x, cos, sin, allowed, layer_cache):
+    cfg = self.config
+    norm = lambda name: RMSNorm(cfg.rms_norm_eps, cfg.compute_dtype, cfg.params_dtype, name=name)
+    y, new_kv = Attention(cfg, name="self_attn")(norm("input_layernorm")(x), cos, sin, allowed,
+                                                 layer_cache)
+    x = x + y
+    x = x + MLP(cfg, name="mlp")(norm("post_attention_layernorm")(x))
+    x = _constrain(x, ("activation_batch", "activation_length", "activation_embed"))
+    return x, new_kv
+
+
+class Backbone(nn.Module):
+  """Embeddings, the decoder blocks and the final norm; returns hidden states [B, T, E]."""
+  config: ModelConfig
+
+  def setup(self):
+    cfg = self.config
+    self.embed_tokens = nn.Embed(
+        cfg.vocab_size, cfg.hidden_size, dtype=cfg.compute_dtype, param_dtype=cfg.params_dtype,
+        embedding_init=_part(nn.initializers.normal(0.02), ("vocab", "embed")))
+    block = nn.remat(Block, static_argnums=()) if cfg.remat else Block
+    self.layers = [block(cfg, name=f"layers_{i}") for i in range(cfg.num_layers)]
+    self.norm = RMSNorm(cfg.rms_norm_eps, cfg.compute_dtype, cfg.params_dtype)
+
+  def __call__(self, input_ids, attention_mask=None, positions=None, cache=None):
+    b, t = input_ids.shape
+    if attention_mask is None:
+      attention_mask = jnp.ones((b, t), jnp.bool_)
+    attention_mask = attention_mask.astype(jnp.bool_)
+    if positions is None:
+      positions = default_positions(attention_mask, cache)
+    cos, sin = rope_cos_sin(positions, self.config)
+    if cache is None:
+      key_mask = attention_mask                                   # [B, S=T]
+      q_slot = jnp.arange(t)
+      new_mask, index = None, None
+    else:
+      index = cache["index"]
+      key_mask = jax.lax.dynamic_update_slice(cache["mask"], attention_mask, (0, index))
+      q_slot = index + jnp.arange(t)
+      new_mask = key_mask
+    s = key_mask.shape[1]
+    causal = jnp.arange(s)[None, :] <= q_slot[:, None]            # [T, S]
+    allowed = (causal[None] & key_mask[:, None, :])[:, None]      # [B, 1, T, S]
+    x = self.embed_tokens(input_ids)
+    x = _constrain(x, ("activation_batch", "activation_length", "activation_embed"))
+    new_layers = []
+    for i, layer in enumerate(self.layers):
+      lc = None if cache is None else (cache["layers"][i]["k"], cache["layers"][i]["v"], index)
+      x, kv = layer(x, cos, sin, allowed, lc)
+      new_layers.append(kv)
+    x = self.norm(x)
+    new_cache = None
+    if cache is not None:
+      new_cache = {"layers": tuple(new_layers), "mask": new_mask, "index": index + t}
+    return x, new_cache
+
+  def attend(self, x):
+    return self.embed_tokens.attend(x)
+
+
+class DecoderLM(nn.Module):
+  """Causal LM: `apply(params, ids, mask, positions, cache) -> (logits [B,T,V] f32, cache)`."""
+  config: ModelConfig
+
+  def setup(self):
+    cfg = self.config
+    self.model = Backbone(cfg)
+    if not cfg.tie_word_embeddings:
+      self.lm_head = _dense(cfg.vocab_size, ("embed", "vocab"), cfg, "lm_head")
+
+  def __call__(self, input_ids, attention_mask=None, positions=None, cache=None):
+    h, cache = self.model(input_ids, attention_mask, positions, cache)
+    logits = self.model.attend(h) if self.config.tie_word_embeddings else self.lm_head(h)
+    logits = _constrain(logits.astype(jnp.float32),
+                        ("activation_batch", "activation_length", "activation_vocab"))
+    return logits, cache
+
+
+class ValueLM(nn.Module):
+  """Critic: the same backbone with a scalar head per token -> (values [B, T] f32, cache)."""
+  config: ModelConfig
+
+  def setup(self):
+    cfg = self.config
+    self.model = Backbone(cfg)
+    self.value_head = nn.Dense(1, dtype=jnp.float32, param_dtype=cfg.params_dtype,
+                               kernel_init=_part(nn.initializers.normal(0.02), ("embed", None)),
+                               bias_init=_part(nn.initializers.zeros, (None,)))
+
+  def __call__(self, input_ids, attention_mask=None, positions=None, cache=None):
+    h, cache = self.model(input_ids, attention_mask, positions, cache)
+    return self.value_head(h.astype(jnp.float32))[..., 0], cache
+
+
+def init_params(module: nn.Module, rng, seq_len: int = 8):
+  """Random params as a plain pytree (logical-axis boxes removed)."""
+  ids = jnp.zeros((1, seq_len), jnp.int32)
+  variables = module.init(rng, ids)
+  return nn.meta.unbox(variables["params"])
+
+
+def logical_axes(module: nn.Module, seq_len: int = 8):
+  """The logical axis names of every param, as a pytree of PartitionSpecs (no allocation)."""
+  ids = jnp.zeros((1, seq_len), jnp.int32)
+  abstract = jax.eval_shape(module.init, jax.random.PRNGKey(0), ids)
+  return nn.get_partition_spec(abstract)["params"]
+
+
+def value_params_from_policy(policy_params, value_params):
+  """Starts a critic from a policy checkpoint: copy the backbone, keep the fresh value head."""
+  return {"model": policy_params["model"], "value_head": value_params["value_head"]}
