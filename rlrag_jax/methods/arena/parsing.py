@@ -1,0 +1,152 @@
+"""Parse ARENA's structured output: <relevance>[ids]</relevance><analysis>…</analysis><answer>…</answer>.
+
+`parse` never raises. It reports two things separately:
+
+* `well_formed` (strict, drives the format reward): the completion is exactly the three parts in
+  this order, with only whitespace before, between and after them; each of the six tags occurs
+  exactly once; the relevance part is a bracketed, comma-separated list of ASCII integers such as
+  "[1, 3]" (the empty list "[]" counts: it says "no reference is relevant"); the analysis and the
+  answer are not blank. Tags are case-sensitive and must be written exactly (`<answer>`, not
+  `<Answer>` or `< answer >`).
+* the fields (lenient, drive the accuracy and relevance rewards): a part is read whenever its
+  open and close tag each occur exactly once, the open tag comes first and the content holds none
+  of the six tags. So a completion with stray text around the parts, or with its parts out of
+  order, still has its answer and ids read; a duplicated or nested part is not read (a model must
+  not be able to offer two answers and be scored on the better one).
+
+Relevance ids are read leniently: any content made only of ASCII digits, whitespace, commas,
+semicolons and brackets "[]()" gives its integers ("1, 3", "[1][3]" and "(1; 3)" all give
+[1, 3]); anything else ("1 and 3", "none", "[1.5]", "[-1]") gives None. An id longer than nine
+digits makes the list unparseable (and keeps `int` away from huge digit strings).
+
+Callers pass the decoded completion text without special tokens (strip "<|im_end|>" and the
+like first): anything after </answer> other than whitespace breaks the format.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Optional
+
+PARTS = ("relevance", "analysis", "answer")
+TAGS = tuple(t for name in PARTS for t in (f"<{name}>", f"</{name}>"))
+_MAX_ID_DIGITS = 9
+
+# "[1, 3]", "[ 2 ]", "[]"; ASCII digits only (re.ASCII keeps \d and \s from matching other scripts'
+# digits; \s still allows ASCII whitespace around the brackets and commas).
+_STRICT_IDS = re.compile(
+    r"\s*\[\s*(?:[0-9]{1,%d}(?:\s*,\s*[0-9]{1,%d})*)?\s*\]\s*" % (_MAX_ID_DIGITS, _MAX_ID_DIGITS),
+    re.ASCII)
+_LENIENT_CHARS = re.compile(r"[0-9\s,;\[\]()]*", re.ASCII)
+_INT = re.compile(r"[0-9]+", re.ASCII)
+
+
+@dataclasses.dataclass(frozen=True)
+class Parsed:
+  """What `parse` read from one completion.
+
+  Attributes:
+    relevance_ids: integers in the relevance part, in written order (duplicates kept), or None
+      when the part is missing, ambiguous or not a list of integers.
+    analysis: text of the analysis part (not stripped), or None when missing or ambiguous.
+    answer: text of the answer part, stripped, or None when missing or ambiguous.
+    well_formed: True when the completion follows the format exactly (see module docstring).
+    problems: why it is not well formed, one short sentence each; empty when well formed.
+  """
+  relevance_ids: Optional[list]
+  analysis: Optional[str]
+  answer: Optional[str]
+  well_formed: bool
+  problems: tuple = ()
+
+
+def parse_ids(content: Optional[str]) -> Optional[list]:
+  """Leniently reads reference ids from the relevance part's content; None when unparseable."""
+  if content is None or _LENIENT_CHARS.fullmatch(content) is None:
+    return None
+  tokens = _INT.findall(content)
+  if any(len(t) > _MAX_ID_DIGITS for t in tokens):
+    return None
+  return [int(t) for t in tokens]
+
+
+def is_strict_id_list(content: str) -> bool:
+  """True for a bracketed comma-separated list of ASCII integers, e.g. "[1, 3]" or "[]"."""
+  return _STRICT_IDS.fullmatch(content) is not None
+
+
+def _locate(text: str, name: str):
+  """(start, end, content, problem) of one part; start is None when the part cannot be read."""
+  open_tag, close_tag = f"<{name}>", f"</{name}>"
+  n_open, n_close = text.count(open_tag), text.count(close_tag)
+  if n_open != 1 or n_close != 1:
+    return None, None, None, (f"expected {open_tag} and {close_tag} once each, found "
+                              f"{n_open} and {n_close}")
+  i, j = text.find(open_tag), text.find(close_tag)
+  if j < i + len(open_tag):
+    return None, None, None, f"{close_tag} comes before {open_tag}"
+  content = text[i + len(open_tag):j]
+  nested = [t for t in TAGS if t in content]
+  if nested:
+    return None, None, None, f"{open_tag} holds the tag {nested[0]} (nested or overlapping parts)"
+  return i, j + len(close_tag), content, None
+
+
+def parse(completion) -> Parsed:
+  """Reads an ARENA completion; never raises, whatever the input.
+
+  Args:
+    completion: the generated text (a str; anything else parses as a failure).
+
+  Returns:
+    A `Parsed`; see the module docstring for the strict and lenient rules.
+  """
+  try:
+    return _parse(completion)
+  except Exception as e:  # pylint: disable=broad-except
+    # Defence in depth: the rules above are written not to raise; a bug must not stop training.
+    return Parsed(None, None, None, False, (f"parser error {type(e).__name__}: {e}",))
+
+
+def _parse(completion) -> Parsed:
+  if not isinstance(completion, str):
+    return Parsed(None, None, None, False,
+                  (f"expected the completion as str, found {type(completion).__name__}",))
+  problems = []
+  spans = {}
+  for name in PARTS:
+    start, end, content, problem = _locate(completion, name)
+    if problem:
+      problems.append(f"<{name}>: {problem}")
+    else:
+      spans[name] = (start, end, content)
+
+  rel = spans.get("relevance")
+  relevance_ids = parse_ids(rel[2]) if rel else None
+  analysis = spans["analysis"][2] if "analysis" in spans else None
+  answer = spans["answer"][2].strip() if "answer" in spans else None
+
+  if len(spans) == len(PARTS):
+    bounds = [spans[name] for name in PARTS]
+    gaps = [completion[:bounds[0][0]], completion[bounds[-1][1]:]]
+    for (_, end, _), (start, _, _) in zip(bounds, bounds[1:]):
+      if start < end:
+        gaps = None
+        break
+      gaps.append(completion[end:start])
+    if gaps is None:
+      problems.append("the parts are not in the order relevance, analysis, answer")
+    elif any(g.strip() for g in gaps):
+      problems.append("text other than whitespace outside the three parts")
+  if rel and not is_strict_id_list(rel[2]):
+    problems.append(f"<relevance>: expected a bracketed list of integers like [1, 3], found "
+                    f"{_clip(rel[2])!r}")
+  if analysis is not None and not analysis.strip():
+    problems.append("<analysis>: empty")
+  if answer is not None and not answer:
+    problems.append("<answer>: empty")
+  return Parsed(relevance_ids, analysis, answer, not problems, tuple(problems))
+
+
+def _clip(s: str, n: int = 40) -> str:
+  return s if len(s) <= n else s[:n] + "…"
