@@ -1,0 +1,10 @@
+"""Learning When to Search: prompt/protocol, parser, conciseness rules and multi-stage rewards."""
+from rlrag_jax.methods.search import conciseness
+from rlrag_jax.methods.search.conciseness import is_concise, to_keywords, violations
+from rlrag_jax.methods.search.prompts import (
+    PROMPT, SEARCH_STOP, STOP_STRINGS, TAGS, build_prompt, extract_query, format_observation,
+    gold_queries, gold_trajectory, gold_trajectory_direct, observation_block)
+from rlrag_jax.methods.search.parsing import Parsed, parse
+from rlrag_jax.methods.search.rewards import (
+    LLMJudge, Score, answer_reward, format_reward, is_correct, mean_pairwise_cosine, reward,
+    score, search_reward)

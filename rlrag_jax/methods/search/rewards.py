@@ -1,0 +1,188 @@
+"""Multi-stage rewards of "Learning When to Search": format, search and answer, returned apart.
+
+  format  r_f = +1 when the completion follows structure A or B (see parsing), else -1.
+  search  RC = number of search calls.
+          RC == 0: 0.   RC == 1: 0 if the query is concise (conciseness.RULES), else -1.
+          RC > 1: -(mean cosine similarity over the RC*(RC-1)/2 pairs of query embeddings).
+  answer  stage 1: correct 1, wrong -1 + beta*RC   (searching is cheap while learning to search)
+          stage 2: correct 1 - beta*RC, wrong -1   (searching costs once answers are right)
+          A missing answer is wrong. The answer is scored even when the format is invalid.
+  total   r_f + r_s + r_a.
+
+Correctness is normalised exact match by default, token F1 >= f1_threshold with
+match='f1', or an injected `judge(prediction, answers) -> bool` (e.g. `LLMJudge`).
+
+Model output never makes these functions raise. Caller errors do, with a message: an unknown
+stage or match, and, for RC > 1, missing or mis-shaped `queries_embeddings` (the caller embeds
+`parsing.parse(completion).queries`, or passes a callable that does).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+from typing import Callable, Optional
+import urllib.request
+
+import numpy as np
+
+from rlrag_jax import metrics
+from rlrag_jax.methods.search import conciseness
+from rlrag_jax.methods.search.parsing import Parsed, parse
+
+STAGES = (1, 2)
+MATCHES = ("em", "f1")
+
+
+def format_reward(parsed: Parsed) -> float:
+  return 1.0 if parsed.valid else -1.0
+
+
+def mean_pairwise_cosine(embeddings) -> float:
+  """Mean cosine similarity over the n*(n-1)/2 pairs of rows of `embeddings` [n, d], n >= 2.
+
+  Rows are L2-normalised here; an all-zero row has cosine 0 with every other row.
+  """
+  e = np.asarray(embeddings, dtype=np.float64)                         # [n, d]
+  if e.ndim != 2 or e.shape[0] < 2:
+    raise ValueError(f"mean_pairwise_cosine: expected an [n >= 2, d] array, got shape {e.shape}")
+  if not np.all(np.isfinite(e)):
+    raise ValueError("mean_pairwise_cosine: embeddings hold NaN or inf")
+  norms = np.linalg.norm(e, axis=1, keepdims=True)                     # [n, 1]
+  u = e / np.where(norms > 0, norms, 1.0)
+  sim = u @ u.T                                                        # [n, n]
+  iu = np.triu_indices(e.shape[0], k=1)
+  return float(sim[iu].mean())
+
+
+def search_reward(queries: list, queries_embeddings=None,
+                  max_words: int = conciseness.MAX_WORDS) -> float:
+  """r_s for the parsed queries. For more than one query, `queries_embeddings` is an
+  [len(queries), d] array or a callable mapping the list of queries to one."""
+  rc = len(queries)
+  if rc == 0:
+    return 0.0
+  if rc == 1:
+    return 0.0 if conciseness.is_concise(queries[0], max_words) else -1.0
+  if queries_embeddings is None:
+    raise ValueError(f"search_reward: the completion has {rc} search calls, so "
+                     f"queries_embeddings must be an [{rc}, d] array (or a callable that embeds "
+                     "parse(completion).queries); got None")
+  emb = queries_embeddings(list(queries)) if callable(queries_embeddings) else queries_embeddings
+  shape = np.shape(emb)
+  if len(shape) != 2 or shape[0] != rc:
+    raise ValueError(f"search_reward: queries_embeddings must have shape [{rc}, d] (one row per "
+                     f"query of parse(completion).queries), got {shape}")
+  return -mean_pairwise_cosine(emb)
+
+
+def answer_reward(correct: bool, retrieval_count: int, stage: int = 1,
+                  beta: float = 0.3) -> float:
+  """r_a of the two-stage design (see module docstring)."""
+  if stage == 1:
+    return 1.0 if correct else -1.0 + beta * retrieval_count
+  if stage == 2:
+    return 1.0 - beta * retrieval_count if correct else -1.0
+  raise ValueError(f"answer_reward: stage must be one of {STAGES}, got {stage!r}")
+
+
+def is_correct(prediction: Optional[str], answers, match: str = "em",
+               f1_threshold: float = 0.5,
+               judge: Optional[Callable[[str, list], bool]] = None) -> bool:
+  """Whether `prediction` answers the question; None (no answer) is wrong."""
+  if match not in MATCHES:
+    raise ValueError(f"is_correct: match must be one of {MATCHES}, got {match!r}")
+  if prediction is None:
+    return False
+  aliases = [answers] if isinstance(answers, str) else list(answers)
+  if judge is not None:
+    return bool(judge(prediction, aliases))
+  if match == "f1":
+    return metrics.f1(prediction, aliases) >= f1_threshold
+  return metrics.exact_match(prediction, aliases) == 1.0
+
+
+@dataclasses.dataclass
+class Score:
+  format: float
+  search: float
+  answer: float
+  total: float
+  retrieval_count: int
+  correct: bool
+  parsed: Parsed
+
+  def as_dict(self) -> dict:
+    return {"format": self.format, "search": self.search, "answer": self.answer,
+            "total": self.total, "retrieval_count": self.retrieval_count}
+
+
+def score(completion: str, answers: list, queries_embeddings=None, stage: int = 1,
+          beta: float = 0.3, *, match: str = "em", f1_threshold: float = 0.5,
+          judge: Optional[Callable[[str, list], bool]] = None,
+          max_query_words: int = conciseness.MAX_WORDS) -> Score:
+  """Every component of the reward, with the parse and the correctness verdict."""
+  if stage not in STAGES:
+    raise ValueError(f"reward: stage must be one of {STAGES}, got {stage!r}")
+  parsed = parse(completion)
+  r_f = format_reward(parsed)
+  r_s = search_reward(parsed.queries, queries_embeddings, max_query_words)
+  correct = is_correct(parsed.answer, answers, match, f1_threshold, judge)
+  r_a = answer_reward(correct, parsed.retrieval_count, stage, beta)
+  return Score(r_f, r_s, r_a, r_f + r_s + r_a, parsed.retrieval_count, correct, parsed)
+
+
+def reward(completion: str, answers: list, queries_embeddings=None, stage: int = 1,
+           beta: float = 0.3, *, match: str = "em", f1_threshold: float = 0.5,
+           judge: Optional[Callable[[str, list], bool]] = None,
+           max_query_words: int = conciseness.MAX_WORDS) -> dict:
+  """{'format', 'search', 'answer', 'total', 'retrieval_count'} for one completion.
+
+  The keyword options are score()'s: match ('em' | 'f1'), f1_threshold, judge, max_query_words.
+  """
+  return score(completion, answers, queries_embeddings, stage, beta, match=match,
+               f1_threshold=f1_threshold, judge=judge,
+               max_query_words=max_query_words).as_dict()
+
+
+_VERDICT = re.compile(r"\b(yes|no|correct|incorrect)\b", re.IGNORECASE)
+
+
+def parse_verdict(text: str) -> Optional[bool]:
+  """First yes/no/correct/incorrect in a judge's reply -> bool; None if there is none."""
+  m = _VERDICT.search(str(text))
+  if m is None:
+    return None
+  return m.group(1).lower() in ("yes", "correct")
+
+
+@dataclasses.dataclass
+class LLMJudge:
+  """Optional correctness judge over an OpenAI-compatible /chat/completions endpoint.
+
+  Off by default: nothing builds one unless a config asks for it, and tests never call it.
+  The API key is read from the environment variable named by `api_key_env` at call time.
+  A reply without a verdict counts as wrong; network errors propagate (they are not model
+  output, and silently scoring them would corrupt training).
+  """
+  base_url: str
+  model: str
+  api_key_env: str = "OPENAI_API_KEY"
+  timeout_s: float = 30.0
+
+  def __call__(self, prediction: str, answers: list) -> bool:
+    prompt = ("Gold answers: " + " | ".join(map(str, answers)) + "\nPrediction: "
+              + str(prediction) + "\nDoes the prediction mean the same as a gold answer? "
+              "Reply yes or no.")
+    body = json.dumps({"model": self.model, "temperature": 0.0,
+                       "messages": [{"role": "user", "content": prompt}]}).encode()
+    headers = {"Content-Type": "application/json"}
+    key = os.environ.get(self.api_key_env)
+    if key:
+      headers["Authorization"] = f"Bearer {key}"
+    req = urllib.request.Request(self.base_url.rstrip("/") + "/chat/completions", data=body,
+                                 headers=headers)
+    with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
+      reply = json.load(resp)
+    return bool(parse_verdict(reply["choices"][0]["message"]["content"]))
