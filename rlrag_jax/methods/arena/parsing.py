@@ -1,4 +1,4 @@
-"""Parse ARENA's structured output: <relevance>[ids]</relevance><analysis>…</analysis><answer>…</answer>.
+"""Parse ARENA's reply: <relevance>[ids]</relevance><analysis>…</analysis><answer>…</answer>.
 
 `parse` never raises. It reports two things separately:
 
@@ -9,10 +9,11 @@
   answer are not blank. Tags are case-sensitive and must be written exactly (`<answer>`, not
   `<Answer>` or `< answer >`).
 * the fields (lenient, drive the accuracy and relevance rewards): a part is read whenever its
-  open and close tag each occur exactly once, the open tag comes first and the content holds none
-  of the six tags. So a completion with stray text around the parts, or with its parts out of
-  order, still has its answer and ids read; a duplicated or nested part is not read (a model must
-  not be able to offer two answers and be scored on the better one).
+  open and close tag each occur exactly once, the open tag comes first, the content holds none
+  of the six tags and the part does not lie inside another part. So a completion with stray text
+  around the parts, or with its parts out of order, still has its answer and ids read; a
+  duplicated, nested or overlapping part is not read (a model must not be able to offer two
+  answers and be scored on the better one, nor hide its answer inside its analysis).
 
 Relevance ids are read leniently: any content made only of ASCII digits, whitespace, commas,
 semicolons and brackets "[]()" gives its integers ("1, 3", "[1][3]" and "(1; 3)" all give
@@ -75,21 +76,16 @@ def is_strict_id_list(content: str) -> bool:
   return _STRICT_IDS.fullmatch(content) is not None
 
 
-def _locate(text: str, name: str):
-  """(start, end, content, problem) of one part; start is None when the part cannot be read."""
+def _raw_span(text: str, name: str):
+  """(start, end) of a part whose open and close tag occur once each, in order; else a problem."""
   open_tag, close_tag = f"<{name}>", f"</{name}>"
   n_open, n_close = text.count(open_tag), text.count(close_tag)
   if n_open != 1 or n_close != 1:
-    return None, None, None, (f"expected {open_tag} and {close_tag} once each, found "
-                              f"{n_open} and {n_close}")
+    return None, f"expected {open_tag} and {close_tag} once each, found {n_open} and {n_close}"
   i, j = text.find(open_tag), text.find(close_tag)
   if j < i + len(open_tag):
-    return None, None, None, f"{close_tag} comes before {open_tag}"
-  content = text[i + len(open_tag):j]
-  nested = [t for t in TAGS if t in content]
-  if nested:
-    return None, None, None, f"{open_tag} holds the tag {nested[0]} (nested or overlapping parts)"
-  return i, j + len(close_tag), content, None
+    return None, f"{close_tag} comes before {open_tag}"
+  return (i, j + len(close_tag)), None
 
 
 def parse(completion) -> Parsed:
@@ -113,11 +109,22 @@ def _parse(completion) -> Parsed:
     return Parsed(None, None, None, False,
                   (f"expected the completion as str, found {type(completion).__name__}",))
   problems = []
-  spans = {}
+  raw = {}
   for name in PARTS:
-    start, end, content, problem = _locate(completion, name)
+    span, problem = _raw_span(completion, name)
     if problem:
       problems.append(f"<{name}>: {problem}")
+    else:
+      raw[name] = span
+  spans = {}
+  for name, (start, end) in raw.items():
+    content = completion[start + len(name) + 2:end - len(name) - 3]
+    nested = [t for t in TAGS if t in content]
+    outer = [o for o, (s, e) in raw.items() if o != name and s < start and end <= e]
+    if nested:
+      problems.append(f"<{name}>: holds the tag {nested[0]} (nested or overlapping parts)")
+    elif outer:
+      problems.append(f"<{name}>: nested inside <{outer[0]}>")
     else:
       spans[name] = (start, end, content)
 

@@ -1,7 +1,7 @@
 """ARENA's generator prompt: a question over references numbered [1]..[n], structured reply.
 
 The model is asked for three parts and nothing else:
-`<relevance>[ids]</relevance><analysis>step-by-step reasoning</analysis><answer>short answer</answer>`.
+`<relevance>[ids]</relevance><analysis>step-by-step reasoning</analysis><answer>short</answer>`.
 The wording below is ours, written from the paper's description of its structured protocol
 (ARENA, Ren et al. 2025, arXiv:2505.13258, Table 1); the stored copies of the paper that we could
 search did not include the text of Table 1.

@@ -6,8 +6,9 @@ sentence per reasoning step citing its reference, then "So the answer is X.", an
 annotation the example has, in this order:
 
 1. `example.decomposition` (MuSiQue): "Who directed Inception? [2] says Christopher Nolan." or,
-   for the "entity >> relation" form, "[2] says the director of Inception is Christopher Nolan.";
-   "#k" in a sub-question is replaced by the k-th step's answer.
+   for the "entity >> relation" form, "[2] says the director of Inception is Christopher Nolan."
+   ("[2] says X shares border with Y." when the relation ends in a preposition); "#k" in a
+   sub-question is replaced by the k-th step's answer.
 2. `example.triples` (2Wiki evidences): "[2] says the director of Inception is Christopher Nolan.",
    citing the gold context titled like the triple's head (else one whose text holds the tail).
 3. `example.meta["supporting_facts"]` (HotpotQA): pairs (context id or title, sentence index),
@@ -55,9 +56,22 @@ def _says(cite: str, clause: str) -> str:
   return f"{cite} says {clause}" if cite else clause[:1].upper() + clause[1:]
 
 
+_PREPOSITIONS = ("with", "in", "of", "to", "by", "for", "on", "at", "from", "as")
+
+
 def _relation_clause(entity: str, relation: str, value: str) -> str:
+  """"the director of X is Y"; "X shares border with Y" when the relation ends in a preposition."""
   relation = " ".join(relation.replace("_", " ").split())
-  return f"the {relation} of {entity.strip()} is {value}."
+  entity = entity.strip()
+  if relation.rsplit(" ", 1)[-1].lower() in _PREPOSITIONS:
+    return f"{entity} {relation} {value}."
+  return f"the {relation} of {entity} is {value}."
+
+
+def _as_question(q: str) -> str:
+  q = q.strip()
+  q = q[:1].upper() + q[1:]
+  return q if q.endswith(("?", ".", "!")) else q + "?"
 
 
 def _decomposition_steps(example, numbering, max_chars: int) -> list:
@@ -74,7 +88,7 @@ def _decomposition_steps(example, numbering, max_chars: int) -> list:
       entity, relation = question.split(">>", 1)
       sentence = _says(cite, _relation_clause(entity, relation, step.answer))
     else:
-      q = question.strip()
+      q = _as_question(question)
       sentence = f"{q} {cite} says {step.answer}." if cite else f"{q} {step.answer}."
     out.append(_clip(sentence, max_chars))
   return out
@@ -161,7 +175,7 @@ def gold_completion(example, numbering: Optional[prompts.Numbering] = None,
 
 
 def sft_pair(example, max_chars: Optional[int] = None, max_fact_chars: int = 160) -> tuple:
-  """(prompt, target) for next-token SFT on a base LM: `prompts.prompt_for` and `gold_completion`."""
+  """(prompt, target) for SFT of a base LM: `prompts.prompt_for` and `gold_completion`."""
   numbering = prompts.reference_numbers(example)
   return (prompts.prompt_for(example, max_chars),
           gold_completion(example, numbering, max_fact_chars))
