@@ -448,19 +448,21 @@ def _flashrag_source(subset: Optional[str], path: Optional[PathLike]) -> str:
 def iter_dataset(name: str, path: Optional[PathLike] = None, split: Optional[str] = None,
                  skip_invalid: bool = False,
                  report: Optional[LoadReport] = None) -> Iterator[Example]:
-  """Streams the examples of one file; fills `report` (if given) as it goes."""
+  """Streams the examples of one file; fills `report` (if given) as it goes.
+
+  The name, split and file are checked at the call; records are parsed as they are consumed.
+  """
   report = LoadReport() if report is None else report
   dataset, subset = _canonical(name)
   if dataset == "world":
-    yield from _world_split(split or _DEFAULT_SPLIT["world"], path, report)
-    return
+    return iter(_world_split(split or _DEFAULT_SPLIT["world"], path, report))
   file = dataset_path(name, split, path)
   parse = _flashrag_parser(_flashrag_source(subset, path)) if dataset == "flashrag" \
       else _PARSERS[dataset]
-  yield from _iter_parsed(file, parse, skip_invalid, report)
+  return _iter_parsed(file, parse, skip_invalid, report)
 
 
-def _world_split(split: str, path: Optional[PathLike], report: LoadReport) -> Iterator[Example]:
+def _world_split(split: str, path: Optional[PathLike], report: LoadReport) -> list:
   if path is not None:
     raise ValueError(f"dataset 'world' takes no path (got {path!r}); it is built in memory")
   if split not in SPLITS["world"]:
@@ -470,7 +472,7 @@ def _world_split(split: str, path: Optional[PathLike], report: LoadReport) -> It
   examples = list(getattr(world.build(seed=0), split))
   report.path = f"world:{split}"
   report.num_records = report.num_loaded = len(examples)
-  yield from examples
+  return examples
 
 
 @overload
