@@ -257,6 +257,12 @@ def test_world_delegates_lazily(monkeypatch):
     load_dataset("world", path="x.jsonl")
 
 
+def test_world_matches_the_generator():
+  world = pytest.importorskip("rlrag_jax.data.world")
+  built = world.build(seed=0)
+  assert load_dataset("world") == built.dev      # the default split is dev
+
+
 # ----------------------------------------------------------------------------- malformed lines
 
 
