@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 PathLike = Union[str, os.PathLike]
 
 DATASETS = ("hotpotqa", "2wiki", "musique", "bamboogle", "flashrag", "world")
-# Folder under `paths.data_dir()` and the splits the shared samples hold (first = default).
+# Folder under `paths.data_dir()`, the splits the shared samples hold, and the default split.
 FOLDERS = {"hotpotqa": "hotpotqa", "2wiki": "2wikimultihopqa", "musique": "musique",
            "bamboogle": "bamboogle"}
 SPLITS = {
@@ -494,8 +494,8 @@ def load_dataset(name: str, path: Optional[PathLike] = None, split: Optional[str
       or a FlashRAG subset name ('nq', 'triviaqa').
     path: a JSONL file, or a folder holding `<split>.jsonl`; for flashrag also a subset name
       under the data dir. None: the shared sample under `paths.data_dir()`.
-    split: 'dev', 'train', 'test', 'dev_no_paragraphs' (musique); None: the dataset's default
-      (`SPLITS[name][0]`-style: dev, or test for bamboogle/flashrag).
+    split: 'dev', 'train', 'test', 'dev_no_paragraphs' (musique); any `<split>.jsonl` present
+      works. None: the dataset's default (dev; test for bamboogle and flashrag).
     skip_invalid: skip malformed records (counted in the report, warned about) instead of
       raising `DataError`.
     return_report: also return the `LoadReport`.
