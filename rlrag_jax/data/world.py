@@ -37,6 +37,7 @@ the corpus. Same seed and config give byte-identical output in any process.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -57,6 +58,12 @@ ENTITY_RELATIONS = ("born_in", "spouse", "educated_at", "member_of", "located_in
 YEAR_RELATIONS = ("birth_year", "founded_year", "release_year", "publication_year")
 _ENTITY_RELATIONS = frozenset(ENTITY_RELATIONS)
 _LAST_YEAR = 2020
+# Chain questions: weights of the start entity's type, and of the last relation asked (a
+# chain is kept with that probability). Walks end on a country fact unless steered: there are
+# few countries, so those answers would be easy to guess.
+_START_WEIGHTS = {"film": 0.3, "book": 0.2, "person": 0.25, "org": 0.15, "city": 0.07,
+                  "country": 0.03}
+_LAST_WEIGHTS = {"located_in": 0.4, "capital": 0.4, "language": 0.3, "currency": 0.3}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,7 +92,7 @@ class WorldConfig:
     spouse_frac: share of people who are married (pairs).
     educated_frac: share of people with a university.
   """
-  num_countries: int = 24
+  num_countries: int = 30
   num_cities: int = 150
   num_people: int = 1000
   num_orgs: int = 240
@@ -473,7 +480,7 @@ class _Builder:
   def _render_person(self, e: _Ent, tr: random.Random) -> None:
     f = e.facts
     self._say(e, tr.choice(T.PERSON_INTRO).format(name=e.name, year=f["birth_year"],
-                                                  occupation=f["occupation"]),
+                                                  a_occupation=_a(f["occupation"])),
               "birth_year", "occupation")
     self._say(e, tr.choice(T.PERSON_BIRTHPLACE).format(pron=e.pron, city=f["born_in"]),
               "born_in")
@@ -541,25 +548,30 @@ class _Builder:
                    4: (self._director_born_first, self._author_born_first,
                        self._same_birth_country, self._directors_same_birthplace)}
     out, texts, keys = [], set(), set()
-    budget = 60 * cfg.num_questions + 1000
-    for _ in range(budget):
-      if len(out) == cfg.num_questions:
-        break
+    draws = misses = 0
+    tries, patience = 100, 50   # draws per slot; slots in a row that find nothing new
+    while len(out) < cfg.num_questions and misses < patience:
+      # The slot's hops and kind are drawn once, so rejections do not skew the mix.
       hops = qr.choices((2, 3, 4), weights=cfg.hop_mix)[0]
-      if qr.random() < cfg.comparison_frac:
-        q = qr.choice(comparisons[hops])(qr)
-      else:
-        q = self._chain(qr, hops)
-      # A passage read twice would make hops != gold passages; such draws are dropped.
-      if q is None or q.text in texts or q.key in keys or len(set(q.gold)) != len(q.gold):
-        continue
-      texts.add(q.text)
-      keys.add(q.key)
-      out.append(q)
+      make = (qr.choice(comparisons[hops]) if qr.random() < cfg.comparison_frac
+              else functools.partial(self._chain, hops=hops))
+      misses += 1
+      for _ in range(tries):
+        draws += 1
+        q = make(qr)
+        # A passage read twice would make hops != gold passages; such draws are dropped.
+        if q is None or q.text in texts or q.key in keys or len(set(q.gold)) != len(q.gold):
+          continue
+        texts.add(q.text)
+        keys.add(q.key)
+        out.append(q)
+        misses = 0
+        break
     if len(out) < cfg.num_questions:
       raise ValueError(f"rlrag_jax/data/world.py: found only {len(out)} distinct questions of "
-                       f"num_questions={cfg.num_questions} after {budget} draws; raise the "
-                       f"entity counts (num_people, num_films, ...) or lower num_questions")
+                       f"num_questions={cfg.num_questions} ({draws} draws, the last "
+                       f"{tries * patience} found nothing new); raise the entity counts "
+                       f"(num_people, num_films, ...) or lower num_questions")
     return out
 
   def _index(self) -> None:
@@ -581,9 +593,10 @@ class _Builder:
     self.ents_by_id = {e.id: e for e in self.ents}
 
   def _chain(self, qr: random.Random, hops: int) -> Optional[_Question]:
-    start = qr.choice(self.ents)
+    types = list(_START_WEIGHTS)
+    start = qr.choice(self.by_type[qr.choices(types, [_START_WEIGHTS[t] for t in types])[0]])
     rels = self._walk(qr, start, hops, {start.name})
-    if rels is None:
+    if rels is None or qr.random() >= _LAST_WEIGHTS.get(rels[-1], 1.0):
       return None
     plan = _Plan(self, qr)
     _, answer = plan.chain(start, rels)
@@ -596,7 +609,7 @@ class _Builder:
   def _walk(self, qr: random.Random, e: _Ent, hops: int, seen: set) -> Optional[list]:
     rels = [r for r in e.facts if r in T.Q and e.facts[r] not in seen]
     if hops == 1:
-      return [qr.choice(rels)] if rels else None
+      return qr.choices(rels, [_LAST_WEIGHTS.get(r, 1.0) for r in rels]) if rels else None
     rels = [r for r in rels if r in _ENTITY_RELATIONS]
     qr.shuffle(rels)
     for r in rels:
@@ -609,7 +622,7 @@ class _Builder:
   # Comparisons. Each returns a _Question or None (no valid draw; the caller draws again).
 
   def _pick_pair(self, qr, pool, ok: Callable) -> Optional[tuple]:
-    for _ in range(20):
+    for _ in range(20 if len(pool) >= 2 else 0):
       a, b = qr.sample(pool, 2)
       if ok(a, b):
         return a, b

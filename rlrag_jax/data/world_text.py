@@ -83,8 +83,8 @@ ORG_KINDS = (
 # ----------------------------------------------------------------------------- passages
 # Each clause states the facts in its comment; a sentence holds at most two facts.
 
-PERSON_INTRO = ("{name} (born {year}) is a {occupation}.",          # birth_year, occupation
-                "{name} is a {occupation} born in {year}.")
+PERSON_INTRO = ("{name} (born {year}) is {a_occupation}.",          # birth_year, occupation
+                "{name} is {a_occupation} born in {year}.")
 PERSON_BIRTHPLACE = ("{pron} was born in {city}.", "{pron} is a native of {city}.",
                      "{pron} was born and raised in {city}.")       # born_in
 PERSON_CLAUSES = {                                                  # one fact each
