@@ -1,0 +1,104 @@
+"""A small byte-level BPE tokenizer trained on our own text (by default, the embedded world).
+
+Why byte-level BPE: its base alphabet is the 256 bytes, so any string encodes without an unknown
+token and `decode(encode(s)) == s` exactly (no normaliser, no prefix space, no clean-up). Merges
+learned on the world's text make its recurring pieces single tokens: name syllables, template
+words with their leading space (" was born in"), frequent years. A word-level model would give
+slightly shorter world text but needs a fallback for unseen words that does not round-trip as
+simply; BPE with `byte_fallback` on a whitespace pre-tokenizer would do, with more moving parts.
+
+Token ids: 0 <pad>, 1 <s> (bos), 2 </s> (eos), 3 <unk> (registered for APIs that expect one; the
+byte-level model never emits it), then the 256 byte symbols and the merges, then the extra
+tokens passed as `special_tokens`. Those extras (tags such as '<answer>') are added tokens that
+always encode to one id, but are *not* special in the `transformers` sense: decoding with
+`skip_special_tokens=True` drops pad/bos/eos and keeps the tags, which parsers need to see.
+No BOS/EOS is added by `encode`; callers add them where a format needs them.
+"""
+from __future__ import annotations
+
+import os
+from typing import Iterable, Optional, Sequence, Union
+
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast
+
+PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
+CONTROL_TOKENS = (PAD, BOS, EOS, UNK)
+# Tags the methods' prompts use; `world_tokenizer` registers them by default.
+DEFAULT_TAGS = ("<think>", "</think>", "<search>", "</search>", "<information>",
+                "</information>", "<answer>", "</answer>", "<relevance>", "</relevance>",
+                "<analysis>", "</analysis>", "<reflect>", "</reflect>")
+DEFAULT_VOCAB_SIZE = 2048
+
+
+def train_tokenizer(texts: Iterable[str], vocab_size: int = DEFAULT_VOCAB_SIZE,
+                    special_tokens: Sequence[str] = (),
+                    out_dir: Optional[Union[str, os.PathLike]] = None,
+                    min_frequency: int = 2) -> PreTrainedTokenizerFast:
+  """Trains a byte-level BPE tokenizer on `texts`.
+
+  Args:
+    texts: training strings (iterated once).
+    vocab_size: size of the whole vocabulary: the 4 control tokens, the 256 bytes, the merges
+      and `special_tokens`. Fewer merges are learned when the text has too few pairs that occur
+      `min_frequency` times.
+    special_tokens: extra strings that must each encode to a single id (e.g. '<answer>').
+    out_dir: if given, `save_pretrained(out_dir)`; `AutoTokenizer.from_pretrained(out_dir)`
+      loads it back.
+    min_frequency: a pair is merged only if it occurs at least this often.
+
+  Returns:
+    A `transformers` fast tokenizer with pad/bos/eos/unk set.
+  """
+  extra = list(dict.fromkeys(special_tokens))
+  clash = [t for t in extra if t in CONTROL_TOKENS]
+  if clash:
+    raise ValueError(f"train_tokenizer: special_tokens {clash} clash with the control tokens "
+                     f"{list(CONTROL_TOKENS)} (rlrag_jax/data/tokenizer.py)")
+  if any(not isinstance(t, str) or not t for t in extra):
+    raise ValueError(f"train_tokenizer: special_tokens must be non-empty strings, found {extra}")
+  alphabet = pre_tokenizers.ByteLevel.alphabet()
+  floor = len(CONTROL_TOKENS) + len(alphabet) + len(extra)
+  if vocab_size < floor:
+    raise ValueError(f"train_tokenizer: vocab_size={vocab_size} is below {floor} = "
+                     f"{len(CONTROL_TOKENS)} control + {len(alphabet)} bytes + {len(extra)} "
+                     f"special tokens")
+  tok = Tokenizer(models.BPE())
+  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+  tok.decoder = decoders.ByteLevel()
+  trainer = trainers.BpeTrainer(vocab_size=vocab_size - len(extra), min_frequency=min_frequency,
+                                show_progress=False, special_tokens=list(CONTROL_TOKENS),
+                                initial_alphabet=alphabet)
+  tok.train_from_iterator(texts, trainer=trainer)
+  tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in extra])
+  hf = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=PAD, bos_token=BOS,
+                               eos_token=EOS, unk_token=UNK, clean_up_tokenization_spaces=False)
+  if out_dir is not None:
+    hf.save_pretrained(os.fspath(out_dir))
+  return hf
+
+
+def world_texts(world) -> list:
+  """The text a world tokenizer learns from: passages, train questions, steps and answers."""
+  texts = [r.text for r in world.corpus]
+  for e in world.train:
+    texts.append(e.question)
+    texts.extend(s.question for s in e.decomposition)
+    texts.extend(e.answers)
+  return texts
+
+
+def world_tokenizer(world=None, vocab_size: int = DEFAULT_VOCAB_SIZE,
+                    special_tokens: Sequence[str] = DEFAULT_TAGS,
+                    out_dir: Optional[Union[str, os.PathLike]] = None,
+                    extra_texts: Iterable[str] = ()) -> PreTrainedTokenizerFast:
+  """`train_tokenizer` on `world_texts(world)` plus `extra_texts` (e.g. prompt templates).
+
+  `world=None` builds the default world (`rlrag_jax.data.world.build(seed=0)`). Dev and test
+  questions are left out of training; their names and templates occur in the corpus anyway.
+  """
+  if world is None:
+    from rlrag_jax.data import world as world_lib  # pylint: disable=g-import-not-at-top
+    world = world_lib.build(seed=0)
+  return train_tokenizer(world_texts(world) + list(extra_texts), vocab_size=vocab_size,
+                         special_tokens=special_tokens, out_dir=out_dir)
