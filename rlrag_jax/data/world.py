@@ -19,8 +19,8 @@ Citizenship is not stated anywhere; "the country where X was born" is born_in th
 
 Question kinds (Example.kind):
   bridge       2-hop chains: "Where was the director of The Glass Harbour born?"
-  composition  3- and 4-hop chains (MuSiQue-style): "What is the currency of the country where
-               the author of the novel that The Glass Harbour is based on was born?"
+  composition  3- and 4-hop chains (MuSiQue-style): "In which country was the author of the
+               novel that The Glass Harbour is based on born?"
   comparison   2-4 hops: "Who was born first, A or B?", "Are X and Y in the same country?"
                (yes/no, balanced), "Whose director was born first, F1 or F2?"
 Example.hops counts retrieval hops (= gold passages). Each decomposition step that reads a
@@ -29,6 +29,12 @@ compares earlier answers and has no gold id. `Example.meta['program']` holds the
 as data: {'op': 'hop', 'head': name | '#k', 'relation': r}, {'op': 'earlier', 'args': ['#i',
 '#j'], 'options': [a, b]} (the option whose year is smaller) or {'op': 'same', 'args': [...]}
 ('yes'/'no'), so a test can replay them over `World.triples`.
+
+Answers: canonical first, then aliases: a person's surname, a country's official name, a title
+without its leading "The"; years are "1987"; comparisons answer yes/no or one of the options.
+An alias that the question itself contains is dropped. An Example's contexts are its gold
+passages plus `distractors_per_question` others (about `hard_distractor_frac` of them share an
+entity with a gold passage), in a seeded shuffled order; context ids are passage ids.
 
 Randomness comes from separate streams per stage (names, facts, text, questions, contexts,
 splits), each seeded from `seed` and the stage name, so e.g. `num_questions` does not change
