@@ -65,6 +65,7 @@ class ModelConfig:
   rope_theta: float = 10000.0
   rope_scaling: RopeScaling = RopeScaling()
   attention_bias: bool = False          # q/k/v bias (Qwen2: True)
+  o_proj_bias: bool = False             # output-projection bias (Llama with attention_bias)
   tie_word_embeddings: bool = False
   model_type: str = "llama"
   bos_token_id: Optional[int] = None
@@ -91,6 +92,8 @@ class ModelConfig:
     attn = e * h * d + 2 * e * kv * d + h * d * e
     if self.attention_bias:
       attn += h * d + 2 * kv * d
+    if self.o_proj_bias:
+      attn += e
     layer = attn + 3 * e * f + 2 * e
     return v * e * (1 if self.tie_word_embeddings else 2) + self.num_layers * layer + e
 
@@ -117,6 +120,9 @@ class ModelConfig:
     eos = d.get("eos_token_id")
     eos = tuple(eos) if isinstance(eos, (list, tuple)) else (() if eos is None else (int(eos),))
     bias_default = mt == "qwen2"
+    if d.get("mlp_bias"):
+      raise ValueError(f"{source}: field 'mlp_bias' is true; MLP biases are not supported")
+    attn_bias = bool(d.get("attention_bias", bias_default))
     cfg = cls(
         vocab_size=int(d["vocab_size"]),
         hidden_size=int(d["hidden_size"]),
@@ -129,7 +135,8 @@ class ModelConfig:
         rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
         rope_theta=float(theta),
         rope_scaling=rope,
-        attention_bias=bool(d.get("attention_bias", bias_default)),
+        attention_bias=attn_bias,
+        o_proj_bias=attn_bias and mt == "llama",
         tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
         model_type=mt,
         bos_token_id=d.get("bos_token_id"),
@@ -172,11 +179,14 @@ class ModelConfig:
         "torch_dtype": self.param_dtype,
     }
     if self.model_type == "llama":
+      if self.attention_bias != self.o_proj_bias:
+        raise ValueError("Llama's attention_bias covers q/k/v and o_proj together; this config "
+                         f"has attention_bias={self.attention_bias}, o_proj_bias={self.o_proj_bias}")
       d["attention_bias"] = self.attention_bias
       d["mlp_bias"] = False
-    elif not self.attention_bias:
-      raise ValueError("Qwen2 checkpoints always carry q/k/v biases; attention_bias=False cannot be "
-                       "exported as model_type='qwen2' (use model_type='llama')")
+    elif not self.attention_bias or self.o_proj_bias:
+      raise ValueError("Qwen2 checkpoints carry q/k/v biases and no o_proj bias; this config "
+                       "cannot be exported as model_type='qwen2' (use model_type='llama')")
     return d
 
 

@@ -140,7 +140,8 @@ class Attention(nn.Module):
       new_kv = {"k": k, "v": v}
     out = _attend(q, k.astype(q.dtype), v.astype(q.dtype), allowed)  # [B, T, H, D]
     out = _constrain(out, ("activation_batch", "activation_length", "activation_heads", None))
-    y = _dense(cfg.hidden_size, ("heads", "head_dim", "embed"), cfg, "o_proj", in_axis=(-2, -1))(out)
+    y = _dense(cfg.hidden_size, ("heads", "head_dim", "embed"), cfg, "o_proj", cfg.o_proj_bias,
+               ("norm",), in_axis=(-2, -1))(out)
     return y, new_kv
 
 

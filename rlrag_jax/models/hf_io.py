@@ -43,6 +43,7 @@ def _rows(cfg: ModelConfig):
       (_L + r"self_attn\.v_proj\.bias", "model/layers_{}/self_attn/v_proj/bias", *heads_bias(k)),
       (_L + r"self_attn\.o_proj\.weight", "model/layers_{}/self_attn/o_proj/kernel",
        lambda w: w.T.reshape(h, d, e), lambda w: w.reshape(h * d, e).T),
+      (_L + r"self_attn\.o_proj\.bias", "model/layers_{}/self_attn/o_proj/bias", ident, ident),
       (_L + r"mlp\.gate_proj\.weight", "model/layers_{}/mlp/gate_proj/kernel", t, t),
       (_L + r"mlp\.up_proj\.weight", "model/layers_{}/mlp/up_proj/kernel", t, t),
       (_L + r"mlp\.down_proj\.weight", "model/layers_{}/mlp/down_proj/kernel", t, t),
@@ -68,11 +69,19 @@ def _get(tree: dict, path: str):
   return tree
 
 
+def _has_tensor(cfg: ModelConfig, path: str) -> bool:
+  if path.endswith("o_proj/bias"):
+    return cfg.o_proj_bias
+  if path.endswith("bias"):
+    return cfg.attention_bias
+  return True
+
+
 def _expected_paths(cfg: ModelConfig) -> set:
   out = set()
   for rx, path, _, _ in _rows(cfg):
     if "{}" in path:
-      if "bias" in path and not cfg.attention_bias:
+      if not _has_tensor(cfg, path):
         continue
       out.update(path.format(i) for i in range(cfg.num_layers))
     else:
@@ -177,7 +186,7 @@ def save_params(params: dict, cfg: ModelConfig, out_dir, max_shard_bytes: int = 
   for rx, tmpl, _, bwd in _rows(cfg):
     name_tmpl = rx.pattern[:-1].replace(r"(\d+)", "{}").replace("\\.", ".")
     if "{}" in tmpl:
-      if "bias" in tmpl and not cfg.attention_bias:
+      if not _has_tensor(cfg, tmpl):
         continue
       for i in range(cfg.num_layers):
         tensors.append((name_tmpl.format(i), bwd(_get(params, tmpl.format(i)))))
