@@ -1,0 +1,96 @@
+"""DAPO dynamic sampling: drop groups whose rewards are all equal (zero advantage, no signal) and
+keep drawing prompts until a batch of informative groups is full. Host-side numpy; the sizes
+vary from draw to draw, so none of this is jitted.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import numpy as np
+
+
+def filter_zero_spread_groups(rewards, group_size: int, tol: float = 0.0) -> np.ndarray:
+  """Which groups to keep: max - min of the group's rewards > tol.
+
+  Args:
+    rewards: [N] ordered by group, or [N/G, G].
+    group_size: G.
+    tol: spreads at or below it count as zero.
+
+  Returns:
+    bool [N/G]; `np.repeat(keep, group_size)` gives the per-sample mask.
+  """
+  r = np.asarray(rewards, dtype=np.float64)
+  if r.size % group_size or group_size < 1:
+    raise ValueError(f"filter_zero_spread_groups: group_size={group_size} must be >= 1 and divide "
+                     f"the number of rewards {r.size}")
+  r = r.reshape(-1, group_size)
+  return (r.max(axis=1) - r.min(axis=1)) > tol
+
+
+@dataclasses.dataclass
+class FillResult:
+  """What `fill_groups` collected, and counts for metrics."""
+  groups: list              # kept group payloads, at most target_groups
+  rewards: np.ndarray       # [len(groups), G]
+  tries: int                # calls to sample_fn
+  drawn: int                # groups drawn over all tries
+  discarded: int            # groups dropped for zero reward spread
+  complete: bool            # True when len(groups) == target_groups
+
+  def metrics(self) -> dict:
+    return {"dynamic_sampling/tries": self.tries, "dynamic_sampling/drawn_groups": self.drawn,
+            "dynamic_sampling/discarded_groups": self.discarded,
+            "dynamic_sampling/kept_groups": len(self.groups),
+            "dynamic_sampling/complete": float(self.complete)}
+
+
+def fill_groups(sample_fn: Callable[[int], tuple], target_groups: int, max_tries: int,
+                tol: float = 0.0) -> FillResult:
+  """Draws until `target_groups` groups with nonzero reward spread are kept or tries run out.
+
+  Args:
+    sample_fn: `sample_fn(needed) -> (groups, rewards)`: draws prompts, rolls out G samples each
+      and scores them. `needed` is how many groups are still missing (a hint; it may draw more or
+      fewer). `groups` is a sequence of per-group payloads (anything), `rewards` is
+      [len(groups), G] or [len(groups) * G].
+    target_groups: groups wanted.
+    max_tries: the most calls to sample_fn.
+    tol: see `filter_zero_spread_groups`.
+
+  Returns:
+    A FillResult; extra informative groups beyond the target are dropped (first come first kept).
+    When tries run out first, `complete` is False and the caller decides (train on fewer, skip).
+  """
+  if target_groups < 1 or max_tries < 1:
+    raise ValueError(f"fill_groups: target_groups={target_groups} and max_tries={max_tries} must "
+                     "both be >= 1")
+  kept: list = []
+  kept_rewards: list = []
+  tries = drawn = discarded = 0
+  group_size = None
+  while len(kept) < target_groups and tries < max_tries:
+    groups, rewards = sample_fn(target_groups - len(kept))
+    tries += 1
+    groups = list(groups)
+    if not groups:
+      continue
+    r = np.asarray(rewards, dtype=np.float64).reshape(len(groups), -1)     # [n, G]
+    if group_size is None:
+      group_size = r.shape[1]
+    elif r.shape[1] != group_size:
+      raise ValueError(f"fill_groups: sample_fn returned groups of {r.shape[1]} samples after "
+                       f"earlier groups of {group_size}")
+    keep = filter_zero_spread_groups(r, group_size, tol)
+    drawn += len(groups)
+    discarded += int((~keep).sum())
+    for g, row, k in zip(groups, r, keep):
+      if k and len(kept) < target_groups:
+        kept.append(g)
+        kept_rewards.append(row)
+  rewards_arr = (np.stack(kept_rewards) if kept_rewards
+                 else np.zeros((0, group_size or 0), np.float64))
+  return FillResult(groups=kept, rewards=rewards_arr, tries=tries, drawn=drawn,
+                    discarded=discarded, complete=len(kept) == target_groups)
+

@@ -1,0 +1,471 @@
+"""The sharded, jitted update steps: policy (GRPO / DAPO / Dr. GRPO), SFT and PPO critic.
+
+Each `make_*_step` returns ONE `jax.jit` with explicit in/out shardings and the TrainState
+donated: `state, metrics = step(state, batch)`.
+
+Design choices:
+  * Gradient accumulation is a `lax.scan` over micro-batches inside the one jit, not
+    optax.MultiSteps. The loss normalisers (token counts, sequence counts) are computed once from
+    the whole batch, so the summed micro-batch gradients equal the full-batch gradient exactly for
+    every aggregation mode (MultiSteps averages per-micro-batch means, which is wrong for
+    token_mean with uneven lengths), and one call is one optimizer update, which keeps step
+    counting, the non-finite skip and mu inner iterations simple.
+  * Micro-batch m takes rows m, m + M, m + 2M, ...: with the batch sharded over ('data', 'fsdp')
+    in contiguous blocks, that split moves no data between devices.
+  * Non-finite loss or gradient norm: params and opt_state are returned unchanged (so the
+    optimizer's count and the lr schedule do not advance) and metrics['skipped'] = 1. `step`
+    counts calls and always advances, so checkpoint numbering and logging keep moving.
+  * mu inner iterations (PPO epochs on one batch): compute `old_logp` once with
+    `make_logprob_fn` (or leave it out of the batch when mu = 1: then old_logp =
+    stop_gradient(logp), the on-policy ratio of 1), and call the step mu times with the same
+    batch; the batch is not donated.
+  * Column 0 of every mask is ignored: nothing predicts the first slot (logp[:, 0] = 0).
+  * Activations are not constrained by the decoder's logical constraints here: running them
+    under a global mesh trips a flax DenseGeneral issue (see the report); shardings come from
+    the params, the batch and XLA's propagation, with a constraint on each micro-batch.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Optional
+
+import flax
+import jax
+import jax.numpy as jnp
+import optax
+from jax.sharding import Mesh, NamedSharding
+
+from rlrag_jax.models import sharding as shd
+from rlrag_jax.rl.kl import KL_ESTIMATORS, kl as kl_fn
+from rlrag_jax.rl.logprobs import shift_logprobs
+from rlrag_jax.rl.losses import AGGREGATIONS, aggregation_terms, ppo_token_loss, value_token_loss
+
+Array = jax.Array
+
+
+# ------------------------------------------------------------------------------------ state
+@flax.struct.dataclass
+class TrainState:
+  params: Any
+  opt_state: Any
+  step: Array      # int32 scalar: calls of the step function, skipped updates included
+
+
+def _from_mapping(cls, cfg, where: str):
+  """Builds a frozen dataclass from a dict / ConfigDict; unknown keys are an error."""
+  d = dict(cfg.to_dict() if hasattr(cfg, "to_dict") else cfg)
+  fields = {f.name for f in dataclasses.fields(cls)}
+  unknown = sorted(set(d) - fields)
+  if unknown:
+    raise ValueError(f"{where}: unknown keys {unknown}; expected a subset of {sorted(fields)}")
+  return cls(**d)
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerConfig:
+  """AdamW with linear warmup then cosine decay (or constant), and global-norm clipping."""
+  lr: float = 1e-6
+  warmup_steps: int = 0            # used when > 0, else round(warmup_ratio * total_steps)
+  warmup_ratio: float = 0.0
+  total_steps: int = 1000          # optimizer updates over the run (includes warmup)
+  schedule: str = "cosine"         # 'cosine' | 'constant' (after warmup)
+  min_lr_ratio: float = 0.0        # cosine ends at lr * min_lr_ratio
+  weight_decay: float = 0.0        # decoupled; applied to matrices only (not norms, biases)
+  max_grad_norm: Optional[float] = 1.0
+  b1: float = 0.9
+  b2: float = 0.999
+  eps: float = 1e-8
+
+  @classmethod
+  def from_config(cls, cfg) -> "OptimizerConfig":
+    return _from_mapping(cls, cfg, "OptimizerConfig (config key optimizer)")
+
+  @property
+  def warmup(self) -> int:
+    return self.warmup_steps if self.warmup_steps > 0 else int(round(self.warmup_ratio *
+                                                                     self.total_steps))
+
+
+def make_schedule(cfg: OptimizerConfig) -> optax.Schedule:
+  warmup = cfg.warmup
+  if cfg.schedule == "cosine":
+    if cfg.total_steps <= warmup:
+      raise ValueError(f"optimizer.total_steps={cfg.total_steps} must exceed the warmup ({warmup} "
+                       "steps) for a cosine schedule")
+    return optax.warmup_cosine_decay_schedule(0.0, cfg.lr, warmup, cfg.total_steps,
+                                              end_value=cfg.lr * cfg.min_lr_ratio)
+  if cfg.schedule == "constant":
+    if warmup == 0:
+      return optax.constant_schedule(cfg.lr)
+    return optax.join_schedules([optax.linear_schedule(0.0, cfg.lr, warmup),
+                                 optax.constant_schedule(cfg.lr)], [warmup])
+  raise ValueError(f"optimizer.schedule is {cfg.schedule!r}; expected 'cosine' or 'constant'")
+
+
+def make_optimizer(cfg: OptimizerConfig) -> optax.GradientTransformation:
+  """clip_by_global_norm(max_grad_norm) -> adamw(schedule, b1, b2, eps, weight_decay)."""
+  decay_mask = lambda params: jax.tree_util.tree_map(lambda p: p.ndim >= 2, params)
+  adamw = optax.adamw(make_schedule(cfg), b1=cfg.b1, b2=cfg.b2, eps=cfg.eps,
+                      weight_decay=cfg.weight_decay, mask=decay_mask)
+  if cfg.max_grad_norm is None:
+    return adamw
+  return optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm), adamw)
+
+
+def optimizer_count(opt_state) -> Array:
+  """Applied updates so far, read from the optimizer state (first 'count' field found)."""
+  found = optax.tree_utils.tree_get_all_with_path(opt_state, "count")
+  return found[0][1] if found else jnp.zeros((), jnp.int32)
+
+
+def train_state_shardings(module, opt, mesh: Mesh, rules=shd.RULES) -> TrainState:
+  p_sh = shd.param_shardings(module, mesh, rules)
+  o_sh = shd.opt_state_shardings(opt, p_sh, shd.param_shapes(module), mesh)
+  return TrainState(params=p_sh, opt_state=o_sh, step=shd.replicated(mesh))
+
+
+def abstract_train_state(module, opt, mesh: Mesh, rules=shd.RULES) -> TrainState:
+  """The TrainState as jax.ShapeDtypeStructs with shardings: a restore target, no allocation."""
+  sh = train_state_shardings(module, opt, mesh, rules)
+  shapes = shd.param_shapes(module)
+  abstract = TrainState(params=shapes, opt_state=jax.eval_shape(opt.init, shapes),
+                        step=jax.ShapeDtypeStruct((), jnp.int32))
+  return jax.tree_util.tree_map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                                abstract, sh)
+
+
+def create_train_state(module, opt, mesh: Mesh, *, params=None, rng=None,
+                       rules=shd.RULES) -> TrainState:
+  """A sharded TrainState: from given `params` (placed onto their shards) or random from `rng`."""
+  sh = train_state_shardings(module, opt, mesh, rules)
+  if params is None:
+    if rng is None:
+      raise ValueError("create_train_state: pass params or rng")
+    params = shd.init_sharded_params(module, rng, mesh, rules)
+  else:
+    params = jax.device_put(params, sh.params, may_alias=False)   # the state is donated later
+  opt_state = jax.jit(opt.init, out_shardings=sh.opt_state)(params)
+  step = jax.device_put(jnp.zeros((), jnp.int32), sh.step)
+  return TrainState(params=params, opt_state=opt_state, step=step)
+
+
+# ------------------------------------------------------------------------------------ loss config
+@dataclasses.dataclass(frozen=True)
+class LossConfig:
+  """Policy-loss settings (config keys under `loss`)."""
+  eps_low: float = 0.2
+  eps_high: Optional[float] = None       # None: = eps_low (PPO); DAPO clip-higher: 0.28
+  dual_clip: Optional[float] = None      # c > 1 caps the loss of A < 0 tokens at -A c
+  aggregation: str = "sequence_mean"     # sequence_mean | token_mean | constant
+  max_completion_len: Optional[int] = None   # the constant of 'constant' (Dr. GRPO)
+  beta: float = 0.0                      # KL loss coefficient; 0: no ref_logp needed
+  kl_estimator: str = "k3"
+  temperature: float = 1.0               # the sampler's temperature
+  compute_entropy: bool = True
+
+  def __post_init__(self):
+    if self.aggregation not in AGGREGATIONS:
+      raise ValueError(f"loss.aggregation is {self.aggregation!r}; expected one of "
+                       f"{sorted(AGGREGATIONS)}")
+    if self.kl_estimator not in KL_ESTIMATORS:
+      raise ValueError(f"loss.kl_estimator is {self.kl_estimator!r}; expected one of "
+                       f"{sorted(KL_ESTIMATORS)}")
+    if self.aggregation == "constant" and not self.max_completion_len:
+      raise ValueError("loss.aggregation='constant' needs loss.max_completion_len >= 1")
+
+  @classmethod
+  def from_config(cls, cfg) -> "LossConfig":
+    return _from_mapping(cls, cfg, "LossConfig (config key loss)")
+
+  @classmethod
+  def preset(cls, name: str, **overrides) -> "LossConfig":
+    """'grpo' (eps 0.2, sequence_mean, beta 0.04, k3), 'dapo' (clip-higher 0.2/0.28, token_mean,
+    no KL) or 'dr_grpo' (constant normaliser, no KL; pair with the 'dr_grpo' advantages)."""
+    presets = {
+        "grpo": dict(aggregation="sequence_mean", beta=0.04, kl_estimator="k3"),
+        "dapo": dict(eps_low=0.2, eps_high=0.28, aggregation="token_mean", beta=0.0),
+        "dr_grpo": dict(aggregation="constant", beta=0.0),
+    }
+    if name not in presets:
+      raise ValueError(f"LossConfig.preset: {name!r} unknown; expected one of {sorted(presets)}")
+    return cls(**{**presets[name], **overrides})
+
+
+# ------------------------------------------------------------------------------------ helpers
+def _loss_mask(mask: Array) -> Array:
+  m = jnp.asarray(mask).astype(jnp.float32)
+  return m * (jnp.arange(m.shape[1]) > 0).astype(jnp.float32)[None, :]
+
+
+def _check_batch(batch: dict, required, where: str):
+  missing = [k for k in required if k not in batch]
+  if missing:
+    raise ValueError(f"{where}: batch is missing keys {missing}; found {sorted(batch)}")
+
+
+def _split_micro(x: Array, m: int, mesh: Mesh) -> Array:
+  """[B, ...] -> [M, B/M, ...]; micro-batch i holds rows i, i + M, ... (no cross-device moves)."""
+  b = x.shape[0] // m
+  y = jnp.swapaxes(x.reshape((b, m) + x.shape[1:]), 0, 1)
+  return jax.lax.with_sharding_constraint(y, shd.batch_sharding(mesh, leading_axes=1))
+
+
+def _merge_micro(y: Array, mesh: Mesh) -> Array:
+  """Inverse of _split_micro: [M, B/M, ...] -> [B, ...]."""
+  x = jnp.swapaxes(y, 0, 1)
+  x = x.reshape((-1,) + x.shape[2:])
+  return jax.lax.with_sharding_constraint(x, shd.batch_sharding(mesh))
+
+
+def _check_micro(batch_size: int, micro_batches: int, mesh: Mesh, where: str):
+  shards = mesh.shape["data"] * mesh.shape["fsdp"]
+  if micro_batches < 1 or batch_size % micro_batches or (batch_size // micro_batches) % shards:
+    raise ValueError(f"{where}: batch size {batch_size} must split into micro_batches="
+                     f"{micro_batches} micro-batches whose size is a multiple of data x fsdp = "
+                     f"{shards}")
+
+
+def _constrain(x: Array, names, mesh: Mesh, rules) -> Array:
+  spec = shd.logical_to_mesh_spec(names, x.shape, mesh, rules)
+  return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
+
+
+def _apply_logits(module, params, mb, temperature, with_entropy, mesh, rules):
+  logits, _ = module.apply({"params": params}, mb["input_ids"], mb["attention_mask"])
+  logits = _constrain(logits, ("activation_batch", "activation_length", "activation_vocab"),
+                      mesh, rules)                                           # [b, T, V]
+  return shift_logprobs(logits, mb["input_ids"], with_entropy=with_entropy,
+                        temperature=temperature)
+
+
+def _make_update_step(mb_loss: Callable, norms_fn: Callable, finalize: Callable, opt, mesh: Mesh,
+                      state_sh: TrainState, micro_batches: int, required, where: str,
+                      lr_schedule: Optional[Callable]):
+  """Shared machinery: scan over micro-batches, accumulate grads, skip non-finite, update.
+
+  mb_loss(params, mb, norms) -> (loss already divided by the whole-batch normaliser, sums dict)
+  norms_fn(batch) -> dict of whole-batch normalisers; finalize(sums, norms) -> metrics dict.
+  """
+
+  def step(state: TrainState, batch: dict):
+    _check_batch(batch, required, where)
+    batch_size = batch["input_ids"].shape[0]
+    _check_micro(batch_size, micro_batches, mesh, where)
+    norms = norms_fn(batch)
+    grad_fn = jax.value_and_grad(mb_loss, has_aux=True)
+    if micro_batches == 1:
+      mb = jax.tree_util.tree_map(
+          lambda x: jax.lax.with_sharding_constraint(x, shd.batch_sharding(mesh)), batch)
+      (loss, sums), grads = grad_fn(state.params, mb, norms)
+      grads = jax.tree_util.tree_map(lambda g: g.astype(jnp.float32), grads)
+    else:
+      mbs = jax.tree_util.tree_map(lambda x: _split_micro(x, micro_batches, mesh), batch)
+      first = jax.tree_util.tree_map(lambda x: x[0], mbs)
+      sums_shape = jax.eval_shape(mb_loss, state.params, first, norms)[1]
+      zeros_g = jax.tree_util.tree_map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params)
+      zeros_g = jax.lax.with_sharding_constraint(zeros_g, state_sh.params)
+      zeros_s = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), sums_shape)
+
+      def body(carry, mb):
+        g_acc, s_acc, l_acc = carry
+        (l, s), g = grad_fn(state.params, mb, norms)
+        g_acc = jax.tree_util.tree_map(lambda a, b: a + b.astype(jnp.float32), g_acc, g)
+        g_acc = jax.lax.with_sharding_constraint(g_acc, state_sh.params)
+        s_acc = jax.tree_util.tree_map(jnp.add, s_acc, s)
+        return (g_acc, s_acc, l_acc + l), None
+
+      (grads, sums, loss), _ = jax.lax.scan(body, (zeros_g, zeros_s, jnp.zeros((), jnp.float32)),
+                                            mbs)
+    grad_norm = optax.global_norm(grads)
+    ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+    updates, new_opt = opt.update(grads, state.opt_state, state.params)
+    new_params = optax.apply_updates(state.params, updates)
+    keep = lambda new, old: jax.tree_util.tree_map(lambda n, o: jnp.where(ok, n, o), new, old)
+    metrics = finalize(sums, norms)
+    metrics.update(loss=loss, grad_norm=grad_norm, skipped=1.0 - ok.astype(jnp.float32))
+    if lr_schedule is not None:
+      metrics["lr"] = jnp.asarray(lr_schedule(optimizer_count(state.opt_state)), jnp.float32)
+    new_state = TrainState(params=keep(new_params, state.params),
+                           opt_state=keep(new_opt, state.opt_state), step=state.step + 1)
+    return new_state, metrics
+
+  return jax.jit(step, in_shardings=(state_sh, shd.batch_sharding(mesh)),
+                 out_shardings=(state_sh, shd.replicated(mesh)), donate_argnums=(0,))
+
+
+# ------------------------------------------------------------------------------------ policy
+def make_policy_step(module, opt, mesh: Mesh, loss_cfg: LossConfig = LossConfig(), *,
+                     micro_batches: int = 1, lr_schedule: Optional[Callable] = None,
+                     rules=shd.RULES):
+  """GRPO / DAPO / Dr. GRPO update: `state, metrics = step(state, batch)`.
+
+  batch: input_ids [B, T], attention_mask [B, T], loss_mask [B, T], advantages [B] or [B, T],
+  old_logp [B, T] (optional: absent means on-policy, ratio 1), ref_logp [B, T] (required when
+  loss_cfg.beta > 0; when present with beta = 0 it only feeds the 'kl' metric).
+  B must split into `micro_batches` micro-batches, each a multiple of data x fsdp.
+
+  metrics: loss, pg_loss, kl, clip_frac (+ _low / _high), dual_clip_frac, entropy,
+  approx_kl_old (k3 between sampling and current policy), tokens, grad_norm, skipped, lr.
+  """
+  cfg = loss_cfg
+  state_sh = train_state_shardings(module, opt, mesh, rules)
+
+  def norms_fn(batch):
+    m = _loss_mask(batch["loss_mask"])
+    _, den = aggregation_terms(m, m, cfg.aggregation, cfg.max_completion_len)
+    return {"den": jnp.maximum(den, 1e-8), "tokens": jnp.maximum(jnp.sum(m), 1.0)}
+
+  def mb_loss(params, mb, norms):
+    out = _apply_logits(module, params, mb, cfg.temperature, cfg.compute_entropy, mesh, rules)
+    logp, ent = out if cfg.compute_entropy else (out, None)
+    m = _loss_mask(mb["loss_mask"])
+    old = mb.get("old_logp")
+    old = jax.lax.stop_gradient(logp) if old is None else old
+    pg_tok, info = ppo_token_loss(logp, old, mb["advantages"], cfg.eps_low, cfg.eps_high,
+                                  cfg.dual_clip)
+    pg_num, _ = aggregation_terms(pg_tok, m, cfg.aggregation, cfg.max_completion_len)
+    loss = pg_num / norms["den"]
+    tsum = lambda x: jnp.sum(jax.lax.stop_gradient(x) * m)
+    sums = {"pg_loss": jax.lax.stop_gradient(loss),
+            "clip_frac_low": tsum(info["clipped_low"]),
+            "clip_frac_high": tsum(info["clipped_high"]),
+            "dual_clip_frac": tsum(info["dual_clipped"]),
+            "approx_kl_old": tsum(kl_fn(logp, old, "k3"))}
+    if ent is not None:
+      sums["entropy"] = tsum(ent)
+    if "ref_logp" in mb:
+      k = kl_fn(logp, mb["ref_logp"], cfg.kl_estimator)
+      sums["kl"] = tsum(k)
+      if cfg.beta:
+        kl_num, _ = aggregation_terms(k, m, cfg.aggregation, cfg.max_completion_len)
+        loss = loss + cfg.beta * kl_num / norms["den"]
+    return loss, sums
+
+  def finalize(sums, norms):
+    out = {k: (v if k == "pg_loss" else v / norms["tokens"]) for k, v in sums.items()}
+    out["clip_frac"] = out["clip_frac_low"] + out["clip_frac_high"]
+    out["tokens"] = norms["tokens"]
+    return out
+
+  required = ["input_ids", "attention_mask", "loss_mask", "advantages"]
+  if cfg.beta:
+    required.append("ref_logp")
+  return _make_update_step(mb_loss, norms_fn, finalize, opt, mesh, state_sh, micro_batches,
+                           required, "make_policy_step", lr_schedule)
+
+
+# ------------------------------------------------------------------------------------ SFT
+def make_sft_step(module, opt, mesh: Mesh, *, aggregation: str = "token_mean",
+                  max_len: Optional[int] = None, micro_batches: int = 1,
+                  lr_schedule: Optional[Callable] = None, rules=shd.RULES):
+  """Masked cross-entropy update. batch: input_ids, attention_mask, loss_mask (1 on targets).
+
+  metrics: loss, accuracy (greedy next-token hits on targets), tokens, grad_norm, skipped, lr.
+  """
+  state_sh = train_state_shardings(module, opt, mesh, rules)
+  aggregation_terms(jnp.zeros((1, 1)), jnp.zeros((1, 1)), aggregation, max_len)  # validates
+
+  def norms_fn(batch):
+    m = _loss_mask(batch["loss_mask"])
+    _, den = aggregation_terms(m, m, aggregation, max_len)
+    return {"den": jnp.maximum(den, 1e-8), "tokens": jnp.maximum(jnp.sum(m), 1.0)}
+
+  def mb_loss(params, mb, norms):
+    logits, _ = module.apply({"params": params}, mb["input_ids"], mb["attention_mask"])
+    logits = _constrain(logits, ("activation_batch", "activation_length", "activation_vocab"),
+                        mesh, rules)
+    logp = shift_logprobs(logits, mb["input_ids"])
+    m = _loss_mask(mb["loss_mask"])
+    num, _ = aggregation_terms(-logp, m, aggregation, max_len)
+    hit = (jnp.argmax(logits[:, :-1], axis=-1) == mb["input_ids"][:, 1:]).astype(jnp.float32)
+    hit = jnp.pad(hit, ((0, 0), (1, 0)))
+    return num / norms["den"], {"accuracy": jnp.sum(hit * m)}
+
+  def finalize(sums, norms):
+    return {"accuracy": sums["accuracy"] / norms["tokens"], "tokens": norms["tokens"]}
+
+  return _make_update_step(mb_loss, norms_fn, finalize, opt, mesh, state_sh, micro_batches,
+                           ["input_ids", "attention_mask", "loss_mask"], "make_sft_step",
+                           lr_schedule)
+
+
+# ------------------------------------------------------------------------------------ critic
+def shift_values(values: Array) -> Array:
+  """Critic outputs per position [B, T] -> aligned like logp: out[:, t] = V(ids[:, <t]), the
+  value of the state in which token t was chosen; out[:, 0] = 0."""
+  return jnp.pad(values[:, :-1], ((0, 0), (1, 0)))
+
+
+def make_value_step(module, opt, mesh: Mesh, *, clip_eps: Optional[float] = 0.2,
+                    aggregation: str = "token_mean", max_len: Optional[int] = None,
+                    micro_batches: int = 1, lr_schedule: Optional[Callable] = None,
+                    rules=shd.RULES):
+  """PPO critic update (a ValueLM with its own optimizer, e.g. a larger lr).
+
+  batch: input_ids, attention_mask, loss_mask [B, T], returns [B, T] (from `rl.gae`), and
+  old_values [B, T] (the values GAE used; required when clip_eps is not None). Values are
+  aligned as in `shift_values`.
+  metrics: loss, vf_clip_frac, value_mean, tokens, grad_norm, skipped, lr.
+  """
+  state_sh = train_state_shardings(module, opt, mesh, rules)
+  aggregation_terms(jnp.zeros((1, 1)), jnp.zeros((1, 1)), aggregation, max_len)  # validates
+
+  def norms_fn(batch):
+    m = _loss_mask(batch["loss_mask"])
+    _, den = aggregation_terms(m, m, aggregation, max_len)
+    return {"den": jnp.maximum(den, 1e-8), "tokens": jnp.maximum(jnp.sum(m), 1.0)}
+
+  def mb_loss(params, mb, norms):
+    raw, _ = module.apply({"params": params}, mb["input_ids"], mb["attention_mask"])
+    v = shift_values(raw)
+    m = _loss_mask(mb["loss_mask"])
+    tok, clipped = value_token_loss(v, mb.get("old_values", v), mb["returns"], clip_eps)
+    num, _ = aggregation_terms(tok, m, aggregation, max_len)
+    return num / norms["den"], {"vf_clip_frac": jnp.sum(clipped * m),
+                                "value_mean": jnp.sum(jax.lax.stop_gradient(v) * m)}
+
+  def finalize(sums, norms):
+    out = {k: v / norms["tokens"] for k, v in sums.items()}
+    out["tokens"] = norms["tokens"]
+    return out
+
+  required = ["input_ids", "attention_mask", "loss_mask", "returns"]
+  if clip_eps is not None:
+    required.append("old_values")
+  return _make_update_step(mb_loss, norms_fn, finalize, opt, mesh, state_sh, micro_batches,
+                           required, "make_value_step", lr_schedule)
+
+
+# ------------------------------------------------------------------------------------ forwards
+def _make_forward(fn: Callable, module, mesh: Mesh, micro_batches: int, rules, where: str):
+  p_sh = shd.param_shardings(module, mesh, rules)
+
+  def forward(params, batch):
+    _check_batch(batch, ["input_ids", "attention_mask"], where)
+    batch = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+    _check_micro(batch["input_ids"].shape[0], micro_batches, mesh, where)
+    if micro_batches == 1:
+      return fn(params, batch)
+    mbs = jax.tree_util.tree_map(lambda x: _split_micro(x, micro_batches, mesh), batch)
+    return _merge_micro(jax.lax.map(lambda mb: fn(params, mb), mbs), mesh)
+
+  return jax.jit(forward, in_shardings=(p_sh, shd.batch_sharding(mesh)),
+                 out_shardings=shd.batch_sharding(mesh))
+
+
+def make_logprob_fn(module, mesh: Mesh, *, temperature: float = 1.0, micro_batches: int = 1,
+                    rules=shd.RULES):
+  """Jitted `logp = fn(params, batch)`: aligned per-token log-probs [B, T] (float32) for the
+  old_logp / ref_logp batch entries; works for the policy and the reference params alike."""
+  def fn(params, batch):
+    return jax.lax.stop_gradient(_apply_logits(module, params, batch, temperature, False, mesh,
+                                               rules))
+  return _make_forward(fn, module, mesh, micro_batches, rules, "make_logprob_fn")
+
+
+def make_value_fn(module, mesh: Mesh, *, micro_batches: int = 1, rules=shd.RULES):
+  """Jitted `values = fn(params, batch)`: critic values [B, T] aligned as in `shift_values`."""
+  def fn(params, batch):
+    raw, _ = module.apply({"params": params}, batch["input_ids"], batch["attention_mask"])
+    return shift_values(raw)
+  return _make_forward(fn, module, mesh, micro_batches, rules, "make_value_fn")

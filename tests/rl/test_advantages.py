@@ -1,0 +1,96 @@
+"""Advantage estimators against plain numpy references."""
+import numpy as np
+import pytest
+
+from rlrag_jax import rl
+
+
+def _np_group(rewards, g, scale_std, eps):
+  out = []
+  for grp in np.asarray(rewards, np.float64).reshape(-1, g):
+    a = grp - grp.mean()
+    if scale_std:
+      a = a / ((grp.std(ddof=1) if g > 1 else 0.0) + eps)
+    out.append(a)
+  return np.concatenate(out)
+
+
+@pytest.mark.parametrize("scale_std", [True, False])
+def test_group_advantages(scale_std):
+  rng = np.random.default_rng(0)
+  r = np.concatenate([rng.normal(size=8), [1.0, 1.0, 1.0, 1.0], rng.integers(0, 2, 4)])
+  got = np.asarray(rl.group_advantages(r, 4, scale_std=scale_std))
+  np.testing.assert_allclose(got, _np_group(r, 4, scale_std, 1e-4), rtol=1e-5, atol=1e-5)
+  np.testing.assert_array_equal(got[8:12], 0.0)     # a zero-spread group has no signal
+
+
+def test_group_advantages_hand():
+  # group [0, 1, 0, 1]: mean 0.5, sample std sqrt(1/3).
+  got = np.asarray(rl.group_advantages(np.array([0.0, 1.0, 0.0, 1.0]), 4, eps=0.0))
+  np.testing.assert_allclose(got, np.array([-1, 1, -1, 1]) * 0.5 / np.sqrt(1 / 3), rtol=1e-6)
+  np.testing.assert_array_equal(np.asarray(rl.group_advantages(np.array([3.0, 5.0]), 1)), 0.0)
+  with pytest.raises(ValueError, match="group_size=3"):
+    rl.group_advantages(np.zeros(8), 3)
+
+
+def test_registry_and_rloo():
+  r = np.array([1.0, 0.0, 0.0, 2.0, 5.0, 5.0])
+  np.testing.assert_allclose(np.asarray(rl.ADVANTAGE_ESTIMATORS["rloo"](r, 3)),
+                             [1 - 0.0, 0 - 0.5, 0 - 0.5, 2 - 5, 5 - 3.5, 5 - 3.5], atol=1e-6)
+  np.testing.assert_allclose(np.asarray(rl.ADVANTAGE_ESTIMATORS["dr_grpo"](r, 3)),
+                             _np_group(r, 3, False, 0.0), atol=1e-6)
+  np.testing.assert_allclose(np.asarray(rl.ADVANTAGE_ESTIMATORS["grpo"](r, 3)),
+                             _np_group(r, 3, True, 1e-4), rtol=1e-5)
+
+
+def _np_gae(rewards, values, mask, gamma, lam):
+  """Reference: compress each row to its policy tokens, run textbook GAE, scatter back."""
+  adv = np.zeros_like(rewards, np.float64)
+  for b in range(rewards.shape[0]):
+    idx = np.nonzero(mask[b])[0]
+    r, v = rewards[b, idx].astype(np.float64), values[b, idx].astype(np.float64)
+    n = len(idx)
+    a = np.zeros(n)
+    for t in range(n):                     # the forward-sum definition, not a recursion
+      for l in range(t, n):
+        v_next = v[l + 1] if l + 1 < n else 0.0
+        delta = r[l] + gamma * v_next - v[l]
+        a[t] += (gamma * lam) ** (l - t) * delta
+    adv[b, idx] = a
+  return adv, (adv + values) * mask
+
+
+def test_gae_against_reference():
+  rng = np.random.default_rng(1)
+  b, t = 3, 9
+  mask = np.zeros((b, t), np.float32)
+  mask[0, 3:] = 1                                   # prompt then completion
+  mask[1, [2, 3, 6, 7, 8]] = 1                      # retrieved text at 4-5 is not the policy's
+  mask[2, 8] = 1                                    # a single token
+  rewards = rng.normal(size=(b, t)).astype(np.float32) * mask
+  values = rng.normal(size=(b, t)).astype(np.float32)
+  for gamma, lam in [(1.0, 0.95), (0.9, 0.5), (1.0, 1.0)]:
+    adv, ret = rl.gae(rewards, values, mask, gamma, lam)
+    want_adv, want_ret = _np_gae(rewards, values, mask, gamma, lam)
+    np.testing.assert_allclose(np.asarray(adv), want_adv, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(ret), want_ret, rtol=1e-5, atol=1e-5)
+
+
+def test_gae_lambda_one_is_return_minus_value():
+  # gamma = lam = 1, reward only at the end: A_t = R - V_t on every policy token.
+  mask = np.array([[0, 1, 1, 1]], np.float32)
+  rewards = np.array([[0, 0, 0, 2.0]], np.float32)
+  values = np.array([[9.0, 0.5, 1.0, 1.5]], np.float32)
+  adv, ret = rl.gae(rewards, values, mask, 1.0, 1.0)
+  np.testing.assert_allclose(np.asarray(adv), [[0, 1.5, 1.0, 0.5]], atol=1e-6)
+  np.testing.assert_allclose(np.asarray(ret), [[0, 2.0, 2.0, 2.0]], atol=1e-6)
+
+
+def test_masked_whiten():
+  x = np.array([[1.0, 2.0, 100.0], [3.0, 4.0, -50.0]], np.float32)
+  m = np.array([[1, 1, 0], [1, 1, 0]], np.float32)
+  got = np.asarray(rl.masked_whiten(x, m))
+  v = np.array([1.0, 2.0, 3.0, 4.0])
+  want = (v - v.mean()) / np.sqrt(v.var() + 1e-8)
+  np.testing.assert_allclose(got[m > 0], want, rtol=1e-5)
+  np.testing.assert_array_equal(got[m == 0], 0.0)

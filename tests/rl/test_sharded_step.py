@@ -1,0 +1,94 @@
+"""A policy step on 8 forced host devices (mesh data 2 x fsdp 2 x tensor 2) equals the same step
+on one device. JAX reads XLA_FLAGS once per process, so the comparison runs in a subprocess:
+this file is also the worker (`python test_sharded_step.py worker`)."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+N_DEV = 8
+
+
+def _worker():
+  import jax
+  import numpy as np
+  from jax.sharding import PartitionSpec as P
+
+  from rlrag_jax import rl
+  from rlrag_jax.models import sharding as shd
+  from rlrag_jax.models.config import ModelConfig
+  from rlrag_jax.models.decoder import DecoderLM, init_params
+
+  assert jax.device_count() == N_DEV, jax.devices()
+  cfg = ModelConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_layers=2,
+                    num_heads=4, num_kv_heads=2, head_dim=8)
+  model = DecoderLM(cfg)
+  params = jax.device_get(jax.jit(lambda r: init_params(model, r))(jax.random.PRNGKey(0)))
+  rng = np.random.default_rng(0)
+  b, t = 16, 12
+  ids = rng.integers(0, cfg.vocab_size, size=(b, t)).astype(np.int32)
+  attn = np.ones((b, t), np.int32)
+  attn[:5, :3] = 0
+  loss_mask = np.zeros((b, t), np.float32)
+  loss_mask[:, 6:] = 1
+  loss_mask[::3, 9:] = 0
+  loss_mask[7] = 0
+  batch = {"input_ids": ids, "attention_mask": attn, "loss_mask": loss_mask,
+           "advantages": rng.normal(size=b).astype(np.float32)}
+  noise_old = rng.normal(size=(b, t)).astype(np.float32) * 0.3
+  noise_ref = rng.normal(size=(b, t)).astype(np.float32) * 0.2
+  opt = rl.make_optimizer(rl.OptimizerConfig(lr=1e-3, warmup_steps=1, total_steps=10,
+                                             weight_decay=0.01))
+  loss_cfg = rl.LossConfig.preset("grpo", dual_clip=3.0)
+
+  def run(mesh):
+    state = rl.create_train_state(model, opt, mesh, params=params)
+    logp = np.asarray(rl.make_logprob_fn(model, mesh, micro_batches=2)(state.params, batch))
+    full = dict(batch, old_logp=logp + noise_old, ref_logp=logp + noise_ref)
+    step = rl.make_policy_step(model, opt, mesh, loss_cfg, micro_batches=2)
+    metrics = []
+    for _ in range(3):
+      state, m = step(state, full)
+      metrics.append(jax.device_get(m))
+    return logp, state, metrics
+
+  one = shd.make_mesh(devices=jax.devices()[:1])
+  mesh = shd.make_mesh(data=2, fsdp=2, tensor=2)
+  assert dict(mesh.shape) == {"data": 2, "fsdp": 2, "tensor": 2}
+  logp1, s1, m1 = run(one)
+  logp8, s8, m8 = run(mesh)
+
+  # The state really is sharded: fsdp on embed, tensor on heads, moments mirror params.
+  q = s8.params["model"]["layers_0"]["self_attn"]["q_proj"]["kernel"]
+  assert q.sharding.spec == P("fsdp", "tensor", None), q.sharding
+  assert len(q.addressable_shards) == N_DEV and q.addressable_shards[0].data.shape == (16, 2, 8)
+  adam = [x for x in jax.tree_util.tree_leaves(s8.opt_state) if x.shape == q.shape]
+  assert adam and all(x.sharding.spec == q.sharding.spec for x in adam), [x.sharding for x in adam]
+
+  np.testing.assert_allclose(logp8, logp1, atol=1e-5)
+  for a, b_ in zip(m1, m8):
+    for k in a:
+      np.testing.assert_allclose(b_[k], a[k], rtol=1e-5, atol=1e-6, err_msg=k)
+  assert all(float(m["skipped"]) == 0 for m in m8)
+  p1, p8 = jax.device_get(s1.params), jax.device_get(s8.params)
+  worst = max(float(np.abs(x - y).max()) for x, y in
+              zip(jax.tree_util.tree_leaves(p1), jax.tree_util.tree_leaves(p8)))
+  moved = max(float(np.abs(x - y).max()) for x, y in
+              zip(jax.tree_util.tree_leaves(p1), jax.tree_util.tree_leaves(params)))
+  assert worst <= 1e-5 and moved > 1e-4, (worst, moved)
+  print(f"OK max |params_8dev - params_1dev| = {worst:.2e} after 3 steps (moved {moved:.2e})")
+
+
+@pytest.mark.slow
+def test_sharded_step_equals_single_device():
+  env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={N_DEV}",
+             JAX_PLATFORMS="cpu")
+  proc = subprocess.run([sys.executable, os.path.abspath(__file__), "worker"], env=env,
+                        capture_output=True, text=True, timeout=900)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+  assert "OK" in proc.stdout
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["worker"]:
+  _worker()
