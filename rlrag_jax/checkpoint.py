@@ -1,13 +1,15 @@
 """Orbax checkpoints of a training run: state (params, optimizer state, step), RNG key, data
 position and config, under one directory with one subfolder per step.
 
-  <dir>/<step>/state    the TrainState pytree (orbax StandardSave; sharded arrays stay sharded)
-  <dir>/<step>/meta     JSON: step, RNG key data and impl, data position (a small dict)
+  <dir>/<step>/state    the TrainState (or any pytree of arrays; orbax StandardSave, sharded
+                        arrays are written shard by shard)
+  <dir>/<step>/meta     JSON: step, RNG key data and impl, data position, extra caller fields
   <dir>/<step>/config   JSON: the run's config
 
 Restoring takes a target (a TrainState of arrays or of jax.ShapeDtypeStructs with shardings, e.g.
-`rl.train_step.abstract_train_state`), so a state saved on one mesh restores onto the target's
-shardings. Saves are asynchronous by default; `wait()` blocks until the last one is on disk.
+`rl.abstract_train_state`), so a state saved on one mesh restores onto the target's shardings.
+Without a target the arrays come back as saved (same device layout needed). Saves are
+asynchronous by default; `wait()` blocks until the last one is on disk.
 """
 from __future__ import annotations
 
@@ -30,11 +32,14 @@ class Restored:
   rng: Optional[jax.Array]         # the saved key (typed when a typed key was saved), or None
   data_position: dict
   config: Optional[dict]
+  meta: dict                       # the extra JSON fields given to save(meta=...)
 
 
 def _jsonable(config) -> Optional[dict]:
   if config is None:
     return None
+  if isinstance(config, str):                                # already JSON
+    return json.loads(config)
   if hasattr(config, "to_json_best_effort"):                 # ml_collections.ConfigDict
     return json.loads(config.to_json_best_effort())
   if dataclasses.is_dataclass(config) and not isinstance(config, type):
@@ -84,16 +89,27 @@ class CheckpointManager:
     self._mgr = ocp.CheckpointManager(self.directory, options=options, item_names=_ITEMS)
 
   def save(self, step: int, state, *, rng=None, data_position: Optional[dict] = None,
-           config=None, force: bool = False) -> bool:
-    """Saves at `step` (skipped, returning False, off the save interval unless `force`)."""
-    meta = {"step": int(step), "rng": _rng_to_json(rng), "data_position": dict(data_position or {})}
+           config=None, meta: Optional[dict] = None, force: bool = False) -> bool:
+    """Saves at `step` (skipped, returning False, off the save interval unless `force`).
+
+    Args:
+      step: the checkpoint's number.
+      state: a TrainState or any pytree of arrays.
+      rng: a PRNG key (typed or raw uint32), restored as it was.
+      data_position: where the data iterators stand (small JSON dict).
+      config: a ConfigDict, dataclass, dict or JSON string.
+      meta: extra JSON fields (training stage, evaluation results, ...).
+    """
+    meta = {"step": int(step), "rng": _rng_to_json(rng), "data_position": dict(data_position or {}),
+            "extra": dict(meta or {})}
     json.dumps(meta)   # fail here, with the offending value, rather than in a background thread
     args = ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta),
                               config=ocp.args.JsonSave(_jsonable(config) or {}))
     return self._mgr.save(int(step), args=args, force=force)
 
-  def restore(self, target, step: Optional[int] = None) -> Restored:
-    """Restores `step` (default: the latest) onto `target`'s structure, dtypes and shardings."""
+  def restore(self, target=None, step: Optional[int] = None) -> Restored:
+    """Restores `step` (default: the latest) onto `target`'s structure, dtypes and shardings
+    (without a target: as saved)."""
     self.wait()
     if step is None:
       step = self._mgr.latest_step()
@@ -102,12 +118,17 @@ class CheckpointManager:
     if step not in self._mgr.all_steps():
       raise FileNotFoundError(f"no checkpoint for step {step} under {self.directory}; found "
                               f"steps {sorted(self._mgr.all_steps())}")
-    args = ocp.args.Composite(state=ocp.args.StandardRestore(abstract_like(target)),
+    item = None if target is None else abstract_like(target)
+    args = ocp.args.Composite(state=ocp.args.StandardRestore(item),
                               meta=ocp.args.JsonRestore(), config=ocp.args.JsonRestore())
     out = self._mgr.restore(step, args=args)
     meta = out["meta"]
     return Restored(state=out["state"], step=int(meta["step"]), rng=_rng_from_json(meta["rng"]),
-                    data_position=meta["data_position"], config=out["config"] or None)
+                    data_position=meta["data_position"], config=out["config"] or None,
+                    meta=meta.get("extra", {}))
+
+  def restore_latest(self, target=None) -> Restored:
+    return self.restore(target)
 
   def latest_step(self) -> Optional[int]:
     return self._mgr.latest_step()

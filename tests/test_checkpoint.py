@@ -81,10 +81,24 @@ def test_keep_n(tmp_path, setup):
   assert mgr.all_steps() == [30, 40] and mgr.latest_step() == 40
   assert sorted(int(p) for p in os.listdir(tmp_path) if p.isdigit()) == [30, 40]
   out = mgr.restore(state, step=30)                 # a concrete state works as the target too
-  assert out.data_position == {"i": 30} and out.rng is None
+  assert out.data_position == {"i": 30} and out.rng is None and out.meta == {}
   with pytest.raises(FileNotFoundError, match="step 10"):
     mgr.restore(state, step=10)
   mgr.close()
+
+
+def test_plain_pytree_without_target(tmp_path, setup):
+  """Any pytree of arrays (e.g. params plus a reference model) restores as saved without a
+  target; extra meta fields and a JSON-string config come back too."""
+  _, _, _, _, params, _ = setup
+  items = {"params": params, "ref_params": params, "step": np.int32(4)}
+  with checkpoint.CheckpointManager(tmp_path) as mgr:
+    mgr.save(4, items, meta={"stage": "rl", "iters": [1, 2]}, config='{"seed": 3}')
+  with checkpoint.CheckpointManager(tmp_path) as mgr:
+    out = mgr.restore_latest()
+  assert out.meta == {"stage": "rl", "iters": [1, 2]} and out.config == {"seed": 3}
+  _leaves_equal(out.state, items)
+  assert set(out.state) == {"params", "ref_params", "step"}
 
 
 def test_resume_equals_uninterrupted(tmp_path, setup):

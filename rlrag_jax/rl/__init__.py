@@ -23,7 +23,8 @@ __all__ = [
     "completion_logprobs", "shift_logprobs", "token_entropy", "token_logprobs", "AGGREGATIONS",
     "aggregate", "aggregation_terms", "kl_penalty_rewards", "outcome_token_rewards",
     "policy_loss", "ppo_token_loss", "sft_loss", "value_loss", "value_token_loss", "LossConfig",
-    "OptimizerConfig", "TrainState", "abstract_train_state", "create_train_state", "make_logprob_fn", "make_optimizer",
+    "OptimizerConfig", "TrainState", "abstract_train_state", "create_train_state",
+    "make_logprob_fn", "make_optimizer",
     "make_policy_step", "make_schedule", "make_sft_step", "make_value_fn", "make_value_step",
     "train_state_shardings",
 ]

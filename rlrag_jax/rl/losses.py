@@ -87,7 +87,8 @@ def ppo_token_loss(logp: Array, old_logp: Array, advantages: Array, eps_low: flo
   """
   eps_high = eps_low if eps_high is None else eps_high
   if dual_clip is not None and dual_clip <= 1.0:
-    raise ValueError(f"dual clip constant must be > 1 (config key loss.dual_clip); found {dual_clip}")
+    raise ValueError(f"dual clip constant must be > 1 (config key loss.dual_clip); found "
+                     f"{dual_clip}")
   a = _f32(advantages)
   if a.ndim == 1:
     a = a[:, None]                                                           # [B, 1]

@@ -20,9 +20,10 @@ Design choices:
     stop_gradient(logp), the on-policy ratio of 1), and call the step mu times with the same
     batch; the batch is not donated.
   * Column 0 of every mask is ignored: nothing predicts the first slot (logp[:, 0] = 0).
-  * Activations are not constrained by the decoder's logical constraints here: running them
-    under a global mesh trips a flax DenseGeneral issue (see the report); shardings come from
-    the params, the batch and XLA's propagation, with a constraint on each micro-batch.
+  * The decoder's logical activation constraints stay inactive (no global mesh is set while
+    tracing): under one, flax's DenseGeneral re-checks its kernel by unboxing the flat
+    [E, H*D] init with 3-D logical names and fails. Shardings come from the params, the batch,
+    a constraint on each micro-batch and on the logits, and XLA's propagation.
 """
 from __future__ import annotations
 

@@ -35,14 +35,13 @@ def test_token_logprobs_and_entropy():
 def test_completion_logprobs_alignment():
   """logp[:, t] = log p(ids[:, t] | ids[:, <t]), checked by running each prefix on its own."""
   model = DecoderLM(CFG)
-  params = init_params(model, jax.random.PRNGKey(0))
+  params = jax.jit(lambda r: init_params(model, r))(jax.random.PRNGKey(0))
   rng = np.random.default_rng(1)
   b, t = 2, 7
   ids = rng.integers(0, CFG.vocab_size, size=(b, t)).astype(np.int32)
   mask = np.ones((b, t), np.int32)
   mask[1, :2] = 0                                   # left padding on row 1
-  fn = jax.jit(rl.completion_logprobs, static_argnums=0,
-               static_argnames=("with_entropy", "temperature"))
+  fn = jax.jit(rl.completion_logprobs, static_argnums=0, static_argnames=("with_entropy",))
   logp, ent = fn(model.apply, params, ids, mask, with_entropy=True)
   logp, ent = np.asarray(logp), np.asarray(ent)
   assert logp.shape == (b, t) and np.all(logp[:, 0] == 0) and np.all(ent[:, 0] == 0)
@@ -65,9 +64,14 @@ def test_completion_logprobs_alignment():
   for i, (row, pos) in enumerate(cases):
     assert logp[row, pos] == pytest.approx(ls[i, ids[row, pos]], abs=2e-5), (row, pos)
     assert ent[row, pos] == pytest.approx(-(np.exp(ls[i]) * ls[i]).sum(), abs=2e-5)
-  # Temperature divides the logits.
-  hot = np.asarray(fn(model.apply, params, ids, mask, temperature=2.0))
-  logits, _ = jax.jit(model.apply)({"params": params}, ids, mask)
-  ls2 = _np_log_softmax(np.asarray(logits)[:, :-1] / 2.0)
-  want = np.take_along_axis(ls2, ids[:, 1:, None], -1)[..., 0]
-  np.testing.assert_allclose(hot[:, 1:], want, atol=2e-5)
+
+
+def test_shift_logprobs_temperature():
+  rng = np.random.default_rng(2)
+  logits = rng.normal(size=(2, 6, 9)).astype(np.float32) * 2
+  ids = rng.integers(0, 9, size=(2, 6))
+  got = np.asarray(rl.shift_logprobs(logits, ids, temperature=2.0))
+  ls = _np_log_softmax(logits[:, :-1] / 2.0)
+  want = np.take_along_axis(ls, ids[:, 1:, None], -1)[..., 0]
+  np.testing.assert_allclose(got[:, 1:], want, atol=1e-5)
+  assert np.all(got[:, 0] == 0)

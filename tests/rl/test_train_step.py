@@ -78,8 +78,8 @@ def test_policy_step_equals_direct_gradient(setup, cfg):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6)
   assert float(metrics["grad_norm"]) == pytest.approx(float(optax.global_norm(grads)), rel=1e-5)
   m = batch["loss_mask"]
-  logp = jax.jit(rl.completion_logprobs, static_argnums=0)(model.apply, params,
-                                                          batch["input_ids"], batch["attention_mask"])
+  logp = jax.jit(rl.completion_logprobs, static_argnums=0)(
+      model.apply, params, batch["input_ids"], batch["attention_mask"])
   k = np.asarray(rl.kl(logp, batch["ref_logp"], cfg.kl_estimator))
   assert float(metrics["kl"]) == pytest.approx(float((k * m).sum() / m.sum()), rel=1e-5)
   assert float(metrics["tokens"]) == m.sum()
@@ -102,7 +102,8 @@ def test_nonfinite_skip(setup, adamw_step):
   assert float(metrics["skipped"]) == 1.0 and not np.isfinite(float(metrics["loss"]))
   assert int(state.step) == 1                      # calls are counted ...
   after = _copy(state)
-  for a, b in zip(jax.tree_util.tree_leaves(after.params), jax.tree_util.tree_leaves(before.params)):
+  for a, b in zip(jax.tree_util.tree_leaves(after.params),
+                  jax.tree_util.tree_leaves(before.params)):
     np.testing.assert_array_equal(a, b)            # ... but nothing else moved
   for a, b in zip(jax.tree_util.tree_leaves(after.opt_state),
                   jax.tree_util.tree_leaves(before.opt_state)):
@@ -165,7 +166,8 @@ def test_optimizer_against_numpy():
   np.testing.assert_allclose([float(sched(i)) for i in range(6)], lrs, rtol=1e-6, atol=1e-9)
   assert rl.OptimizerConfig(warmup_ratio=0.25, total_steps=8).warmup == 2
   rng = np.random.default_rng(0)
-  params = {"w": rng.normal(size=(3, 2)).astype(np.float32), "b": rng.normal(size=3).astype(np.float32)}
+  params = {"w": rng.normal(size=(3, 2)).astype(np.float32),
+            "b": rng.normal(size=3).astype(np.float32)}
   grads = [{k: rng.normal(size=x.shape).astype(np.float32) for k, x in params.items()}
            for _ in range(6)]
   opt = rl.make_optimizer(cfg)
@@ -181,6 +183,7 @@ def test_optimizer_against_numpy():
   assert rl.OptimizerConfig.from_config({"lr": 2.0}).lr == 2.0
 
 
+@pytest.mark.slow
 def test_sft_step(setup):
   model, params, batch, mesh = setup
   sft = {k: batch[k] for k in ("input_ids", "attention_mask", "loss_mask")}
@@ -203,6 +206,7 @@ def test_sft_step(setup):
   assert 0.0 <= float(metrics["accuracy"]) <= 1.0
 
 
+@pytest.mark.slow
 def test_value_step(setup):
   _, _, batch, mesh = setup
   critic = ValueLM(CFG)
