@@ -83,12 +83,13 @@ def _cut_at_stop(text: str, stops) -> str:
   return text[:min(ends)] if ends else text
 
 
-def run(lm, prompts, args, out=sys.stdout, escape: bool = False) -> dict:
+def run(lm, prompts, args, out=None, escape: bool = False) -> dict:
   """Encodes `prompts`, samples, prints each completion (as a Python literal when `escape`, for
   random models that emit control bytes); returns timing figures."""
   import jax
   from rlrag_jax.models import encode_prompt
   from rlrag_jax.sampling import generate
+  out = out or sys.stdout
   if lm.tokenizer is None:
     raise ValueError("the checkpoint has no tokenizer files (tokenizer.json / tokenizer_config.json)"
                      "; cannot encode text prompts")

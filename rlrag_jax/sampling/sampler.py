@@ -283,20 +283,34 @@ def _generate_jit(params, ids, mask, rng, row_max, temperature, top_p, eos_ids, 
       "reason": jnp.where(row_max <= 0, STOP_LENGTH, STOP_NONE).astype(jnp.int32),
       "window": jnp.full((b, width), -1, jnp.int32),
   }
-  st = sample_and_record(0, logits, st)
 
+  def decode_next(i, st, logits, cache):
+    tok = jax.lax.dynamic_slice_in_dim(st["tokens"], i, 1, axis=1)[:, 0]
+    active = jax.lax.dynamic_slice_in_dim(st["mask"], i, 1, axis=1)[:, 0]
+    return _decode_impl(config, params, tok, active, cache)
+
+  # One traced copy of the sampling code: each iteration samples from the carried logits, then
+  # runs the decode step for the next token (skipped, via lax.cond, after the last one).
   def body(carry):
-    i, cache, st = carry
-    prev_tok = jax.lax.dynamic_slice_in_dim(st["tokens"], i - 1, 1, axis=1)[:, 0]
-    prev_active = jax.lax.dynamic_slice_in_dim(st["mask"], i - 1, 1, axis=1)[:, 0]
-    logits, cache = _decode_impl(config, params, prev_tok, prev_active, cache)
-    return i + 1, cache, sample_and_record(i, logits, st)
+    i, logits, cache, st = carry
+    st = sample_and_record(i, logits, st)
+    go_on = (i + 1 < n) & ~jnp.all(st["done"])
+    logits, cache = jax.lax.cond(go_on, lambda: decode_next(i, st, logits, cache),
+                                 lambda: (logits, cache))
+    return i + 1, logits, cache, st
 
+  def body_fixed(i, carry):   # every step, no early exit (and one unused last decode)
+    _, logits, cache, st = carry
+    st = sample_and_record(i, logits, st)
+    logits, cache = decode_next(i, st, logits, cache)
+    return i + 1, logits, cache, st
+
+  carry = (jnp.int32(0), logits, cache, st)
   if early_exit:
-    cond = lambda c: (c[0] < n) & ~jnp.all(c[2]["done"])
-    _, _, st = jax.lax.while_loop(cond, body, (jnp.int32(1), cache, st))
+    cond = lambda c: (c[0] < n) & ~jnp.all(c[3]["done"])
+    st = jax.lax.while_loop(cond, body, carry)[3]
   else:
-    _, _, st = jax.lax.fori_loop(1, n, lambda i, c: body(c), (jnp.int32(1), cache, st))
+    st = jax.lax.fori_loop(0, n, body_fixed, carry)[3]
   return {k: st[k] for k in ("tokens", "logprobs", "model_logprobs", "mask", "count", "reason")}
 
 

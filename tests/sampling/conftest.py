@@ -9,16 +9,23 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))   # tests/ 
 from hf_tiny import load_reference, make_tiny_checkpoint  # noqa: E402
 
 
-@pytest.fixture(scope="session", params=["qwen2", "llama"])
-def tiny(request, tmp_path_factory):
-  """(lm, reference transformers model, checkpoint dir) for each model type."""
-  from rlrag_jax.models import load_hf
-  path = make_tiny_checkpoint(tmp_path_factory.mktemp("ckpt"), request.param)
-  return load_hf(path), load_reference(path), path
-
-
 @pytest.fixture(scope="session")
-def tiny_qwen(tmp_path_factory):
+def tiny_models(tmp_path_factory):
+  """{model_type: (lm, reference transformers model, checkpoint dir)}; same shapes for both, so
+  compiled sampler programs are shared between tests."""
   from rlrag_jax.models import load_hf
-  path = make_tiny_checkpoint(tmp_path_factory.mktemp("ckpt_q"), "qwen2", seed=1)
-  return load_hf(path), load_reference(path), path
+  out = {}
+  for model_type in ("qwen2", "llama"):
+    path = make_tiny_checkpoint(tmp_path_factory.mktemp("ckpt"), model_type)
+    out[model_type] = (load_hf(path), load_reference(path), path)
+  return out
+
+
+@pytest.fixture(params=["qwen2", "llama"])
+def tiny(request, tiny_models):
+  return tiny_models[request.param]
+
+
+@pytest.fixture
+def tiny_qwen(tiny_models):
+  return tiny_models["qwen2"]
