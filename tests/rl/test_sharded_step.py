@@ -1,6 +1,7 @@
-"""A policy step on 8 forced host devices (mesh data 2 x fsdp 2 x tensor 2) equals the same step
-on one device. JAX reads XLA_FLAGS once per process, so the comparison runs in a subprocess:
-this file is also the worker (`python test_sharded_step.py worker`)."""
+"""A policy step on 8 forced host devices (mesh data 2 x fsdp 2 x tensor 2), and on two
+processes of 2 devices each, equals the same step on one device. JAX reads XLA_FLAGS once per
+process, so these run in subprocesses: this file is also the worker
+(`python test_sharded_step.py worker` / `... mp <process id> <port>`)."""
 import os
 import subprocess
 import sys
@@ -80,6 +81,82 @@ def _worker():
   print(f"OK max |params_8dev - params_1dev| = {worst:.2e} after 3 steps (moved {moved:.2e})")
 
 
+def _multiprocess_worker(pid: int, port: int):
+  """One of two processes (2 CPU devices each): the step on the 4-device global mesh, fed with
+  process-local rows through shard_batch, equals the step on one local device."""
+  import jax
+  jax.config.update("jax_cpu_collectives_implementation", "gloo")
+  import numpy as np
+  from jax.experimental import multihost_utils
+
+  from rlrag_jax import rl
+  from rlrag_jax.models import sharding as shd
+  from rlrag_jax.models.config import ModelConfig
+  from rlrag_jax.models.decoder import DecoderLM, init_params
+
+  assert shd.maybe_initialize_distributed(f"127.0.0.1:{port}", 2, pid) is True
+  assert jax.process_count() == 2 and jax.device_count() == 4
+  cfg = ModelConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_layers=2,
+                    num_heads=4, num_kv_heads=2, head_dim=8)
+  model = DecoderLM(cfg)
+  params = jax.device_get(jax.jit(lambda r: init_params(model, r))(jax.random.PRNGKey(0)))
+  rng = np.random.default_rng(0)
+  b, t = 8, 10
+  host = {"input_ids": rng.integers(0, cfg.vocab_size, size=(b, t)).astype(np.int32),
+          "attention_mask": np.ones((b, t), np.int32),
+          "loss_mask": (rng.random((b, t)) < 0.7).astype(np.float32),
+          "advantages": rng.normal(size=b).astype(np.float32)}
+  opt = rl.make_optimizer(rl.OptimizerConfig(lr=1e-3, total_steps=10))
+
+  def run(mesh, batch):
+    state = rl.create_train_state(model, opt, mesh, params=params)
+    batch = dict(batch, old_logp=rl.make_logprob_fn(model, mesh)(state.params, batch))
+    state, m = rl.make_policy_step(model, opt, mesh, rl.LossConfig())(state, batch)
+    return state, {k: float(v) for k, v in m.items()}
+
+  mesh = shd.make_mesh(data=1, fsdp=2, tensor=2)
+  half = b // 2
+  local_rows = {k: v[pid * half:(pid + 1) * half] for k, v in host.items()}
+  g_state, g_metrics = run(mesh, shd.shard_batch(local_rows, mesh))
+  gathered = multihost_utils.process_allgather(g_state.params, tiled=True)
+  if pid == 0:                       # the single-device reference, once
+    l_state, l_metrics = run(shd.make_mesh(devices=jax.local_devices()[:1]), host)
+    for k in l_metrics:
+      np.testing.assert_allclose(g_metrics[k], l_metrics[k], rtol=1e-5, atol=1e-6, err_msg=k)
+    for x, y in zip(jax.tree_util.tree_leaves(gathered),
+                    jax.tree_util.tree_leaves(l_state.params)):
+      np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=1e-5)
+  print(f"OK process {pid}")
+
+
+def _free_port() -> int:
+  import socket
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_two_processes_equal_single_device():
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2",
+             JAX_PLATFORMS="cpu")
+  port = str(_free_port())
+  procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "mp", str(i), port],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+           for i in range(2)]
+  outs = []
+  for p in procs:
+    try:
+      outs.append(p.communicate(timeout=900))
+    except subprocess.TimeoutExpired:
+      for q in procs:
+        q.kill()
+      raise
+  for i, (p, (out, err)) in enumerate(zip(procs, outs)):
+    assert p.returncode == 0, f"process {i}: " + out[-2000:] + err[-6000:]
+    assert f"OK process {i}" in out
+
+
 @pytest.mark.slow
 def test_sharded_step_equals_single_device():
   env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={N_DEV}",
@@ -90,5 +167,8 @@ def test_sharded_step_equals_single_device():
   assert "OK" in proc.stdout
 
 
-if __name__ == "__main__" and sys.argv[1:] == ["worker"]:
-  _worker()
+if __name__ == "__main__":
+  if sys.argv[1:] == ["worker"]:
+    _worker()
+  elif sys.argv[1:2] == ["mp"]:
+    _multiprocess_worker(int(sys.argv[2]), int(sys.argv[3]))
