@@ -20,6 +20,9 @@ Design choices:
     stop_gradient(logp), the on-policy ratio of 1), and call the step mu times with the same
     batch; the batch is not donated.
   * Column 0 of every mask is ignored: nothing predicts the first slot (logp[:, 0] = 0).
+  * Multi-host: numpy batches are refused by jit there; pass each process's rows through
+    `models.sharding.shard_batch` and keep `make_logprob_fn` outputs as the global arrays they
+    are (np.asarray on them fails when they span processes).
   * The decoder's logical activation constraints stay inactive (no global mesh is set while
     tracing): under one, flax's DenseGeneral re-checks its kernel by unboxing the flat
     [E, H*D] init with 3-D logical names and fails. Shardings come from the params, the batch,
