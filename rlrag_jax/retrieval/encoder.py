@@ -337,7 +337,7 @@ def _fingerprint(folder: pathlib.Path) -> str:
 
 
 def _length_buckets(max_length: int) -> tuple:
-  base = (16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
+  base = (16, 32, 48, 64, 80, 96, 128, 160, 192, 224, 256, 320, 384, 448, 512, 640, 768, 1024)
   return tuple(b for b in base if b < max_length) + (max_length,)
 
 

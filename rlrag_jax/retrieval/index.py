@@ -5,8 +5,9 @@ Both take a database [N, d] float32 and answer `search(queries [Q, d], k)` with
 
 `ExactIndex` is the ground truth: a jitted matmul + `lax.top_k`, batched over queries so the score
 block stays under ~256 MiB. `ScannIndex` is ScaNN's tree + asymmetric hashing + exact reorder; for
-tiny corpora (N < `brute_force_below`) it is ScaNN's float brute force instead, because k-means
-with sqrt(N) leaves and 16-centre codebooks per block need a few thousand points to train.
+small corpora (N < `brute_force_below`, default 16384) it is ScaNN's float brute force instead:
+exact, and at that size as fast as a partitioned search (k-means with sqrt(N) leaves and
+16-centre codebooks per block also need a few thousand points to train).
 
 Persistence: `index.save(folder)` writes the index's own files into `folder` and returns the
 params to put in a manifest; `load_index(backend, folder, embeddings, params)` rebuilds it.
@@ -94,9 +95,10 @@ def scann_defaults(n: int) -> dict:
   num_leaves = int(min(max(round(math.sqrt(n)), 1), 4096))
   return {
       "num_leaves": num_leaves,
-      # searching ~1/8 of leaves suits clustered (real) embeddings; structureless data needs more:
-      # pass num_leaves_to_search / leaves_to_search at search time.
-      "num_leaves_to_search": max(1, min(num_leaves, int(math.ceil(num_leaves / 8)))),
+      # MiniLM passages of the 2Wiki corpus (6k) with its dev questions gave Recall@10 0.81 /
+      # 0.94 / 0.99 searching 1/8 / 1/4 / 1/2 of the leaves. Structureless data needs nearly all
+      # leaves: raise num_leaves_to_search, or leaves_to_search per call.
+      "num_leaves_to_search": max(1, min(num_leaves, int(math.ceil(num_leaves / 4)))),
       "dimensions_per_block": 2,
       "anisotropic_quantization_threshold": 0.2,
       "reorder_k": 200,
@@ -122,7 +124,7 @@ class ScannIndex:
 
   def __init__(self, embeddings, *, num_leaves=None, num_leaves_to_search=None,
                dimensions_per_block=None, anisotropic_quantization_threshold=None,
-               reorder_k=None, training_sample_size=None, brute_force_below: int = 4096,
+               reorder_k=None, training_sample_size=None, brute_force_below: int = 16384,
                num_threads: int = 0, _searcher=None):
     import scann  # pylint: disable=g-import-not-at-top
     db = _as_matrix(embeddings, "ScannIndex embeddings")
@@ -256,7 +258,7 @@ class ScannIndex:
     kw = {k: p.get(k) for k in ("num_leaves", "num_leaves_to_search", "dimensions_per_block",
                                 "anisotropic_quantization_threshold", "reorder_k",
                                 "training_sample_size")}
-    return cls(embeddings, brute_force_below=p.get("brute_force_below", 4096),
+    return cls(embeddings, brute_force_below=p.get("brute_force_below", 16384),
                num_threads=num_threads, _searcher=searcher, **kw)
 
 

@@ -50,8 +50,8 @@ def test_scann_defaults_scale_with_n():
   assert big["training_sample_size"] <= 1_000_000
 
 
-def test_scann_tiny_corpus_is_brute_force_and_exact():
-  db, q = random_unit(300, 16, 2), random_unit(7, 16, 3)
+def test_scann_small_corpus_is_brute_force_and_exact():
+  db, q = random_unit(3000, 16, 2), random_unit(7, 16, 3)
   index = ScannIndex(db)
   assert index.params()["brute_force"]
   s, i = index.search(q, 5)
@@ -65,7 +65,8 @@ def test_scann_tiny_corpus_is_brute_force_and_exact():
 @pytest.fixture(scope="module")
 def small_scann():
   db = random_unit(6000, 32, 4)
-  return db, ScannIndex(db, num_leaves=40, num_leaves_to_search=10, training_sample_size=6000)
+  return db, ScannIndex(db, num_leaves=40, num_leaves_to_search=10, training_sample_size=6000,
+                        brute_force_below=1000)
 
 
 def test_scann_missing_slots_are_marked(small_scann):

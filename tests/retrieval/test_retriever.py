@@ -28,7 +28,7 @@ def vectors():
 def scann_retriever(vectors):
   db, _ = vectors
   return Retriever.from_embeddings(_corpus(), db, "scann", num_leaves=50, num_leaves_to_search=50,
-                                   training_sample_size=N)
+                                   training_sample_size=N, brute_force_below=1000)
 
 
 def _ids(hits):
@@ -79,7 +79,7 @@ def test_scann_shortfall_falls_back_to_exact(vectors):
   db, q = vectors
   # one leaf of 100 holds ~50 points: 60 results after excluding 30 need more than most have
   r = Retriever.from_embeddings(_corpus(), db, "scann", num_leaves=100, num_leaves_to_search=1,
-                                training_sample_size=N)
+                                training_sample_size=N, brute_force_below=1000)
   top = _ids(r.search_embeddings(q, k=30))
   got = r.search_embeddings(q, k=60, exclude=[set(t) for t in top])
   ran_dry = (r.index.search(q, 90)[1] < 0).any(axis=1)
