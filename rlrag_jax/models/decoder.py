@@ -108,9 +108,22 @@ class RMSNorm(nn.Module):
     return (w.astype(jnp.float32) * xf).astype(self.dtype)
 
 
-def _dense(features, axes, cfg: ModelConfig, name, use_bias=False, bias_axes=None, in_axis=-1):
-  return nn.DenseGeneral(
-      features=features, axis=in_axis, use_bias=use_bias, dtype=cfg.compute_dtype,
+def _dense(features, axes, cfg: ModelConfig, name, use_bias=False, bias_axes=None):
+  return nn.Dense(
+      features=features, use_bias=use_bias, dtype=cfg.compute_dtype,
+      param_dtype=cfg.params_dtype, name=name,
+      kernel_init=_part(nn.initializers.normal(0.02), axes),
+      bias_init=_part(nn.initializers.zeros, bias_axes) if use_bias else nn.initializers.zeros)
+
+
+def _einsum(shape, spec, axes, cfg: ModelConfig, name, use_bias=False, bias_axes=None):
+  """A projection with a multi-dimensional kernel (heads kept as their own axis).
+
+  nn.Einsum rather than nn.DenseGeneral: DenseGeneral checks logical axis names against its
+  flattened 2-D kernel, which fails under a mesh with logical rules.
+  """
+  return nn.Einsum(
+      shape=shape, einsum_str=spec, use_bias=use_bias, dtype=cfg.compute_dtype,
       param_dtype=cfg.params_dtype, name=name,
       kernel_init=_part(nn.initializers.normal(0.02), axes),
       bias_init=_part(nn.initializers.zeros, bias_axes) if use_bias else nn.initializers.zeros)
@@ -123,13 +136,13 @@ class Attention(nn.Module):
   def __call__(self, x, cos, sin, allowed, layer_cache):
     """x [B,T,E]; allowed [B,1,T,S] bool; layer_cache None or (k, v, index) with k/v [B,S,K,D]."""
     cfg = self.config
-    h, k_h, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-    q = _dense((h, d), ("embed", "heads", "head_dim"), cfg, "q_proj", cfg.attention_bias,
-               ("heads", "head_dim"))(x)
-    k = _dense((k_h, d), ("embed", "kv_heads", "head_dim"), cfg, "k_proj", cfg.attention_bias,
-               ("kv_heads", "head_dim"))(x)
-    v = _dense((k_h, d), ("embed", "kv_heads", "head_dim"), cfg, "v_proj", cfg.attention_bias,
-               ("kv_heads", "head_dim"))(x)
+    e, h, k_h, d = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    q = _einsum((e, h, d), "bte,ehd->bthd", ("embed", "heads", "head_dim"), cfg, "q_proj",
+                cfg.attention_bias, ("heads", "head_dim"))(x)
+    k = _einsum((e, k_h, d), "bte,ehd->bthd", ("embed", "kv_heads", "head_dim"), cfg, "k_proj",
+                cfg.attention_bias, ("kv_heads", "head_dim"))(x)
+    v = _einsum((e, k_h, d), "bte,ehd->bthd", ("embed", "kv_heads", "head_dim"), cfg, "v_proj",
+                cfg.attention_bias, ("kv_heads", "head_dim"))(x)
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
     q = _constrain(q, ("activation_batch", "activation_length", "activation_heads", None))
     new_kv = None
@@ -140,8 +153,8 @@ class Attention(nn.Module):
       new_kv = {"k": k, "v": v}
     out = _attend(q, k.astype(q.dtype), v.astype(q.dtype), allowed)  # [B, T, H, D]
     out = _constrain(out, ("activation_batch", "activation_length", "activation_heads", None))
-    y = _dense(cfg.hidden_size, ("heads", "head_dim", "embed"), cfg, "o_proj", cfg.o_proj_bias,
-               ("norm",), in_axis=(-2, -1))(out)
+    y = _einsum((h, d, e), "bthd,hde->bte", ("heads", "head_dim", "embed"), cfg, "o_proj",
+                cfg.o_proj_bias, ("norm",))(out)
     return y, new_kv
 
 
@@ -271,10 +284,11 @@ class ValueLM(nn.Module):
 
 
 def init_params(module: nn.Module, rng, seq_len: int = 8):
-  """Random params as a plain pytree (logical-axis boxes removed)."""
+  """Random params as a plain pytree (logical-axis boxes removed); jitted, so one compile
+  instead of thousands of eager ops."""
   ids = jnp.zeros((1, seq_len), jnp.int32)
-  variables = module.init(rng, ids)
-  return nn.meta.unbox(variables["params"])
+  init = lambda r: nn.meta.unbox(module.init(r, ids)["params"])
+  return jax.jit(init)(rng)
 
 
 def logical_axes(module: nn.Module, seq_len: int = 8):

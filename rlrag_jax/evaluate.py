@@ -1,0 +1,62 @@
+"""Evaluate a policy on a method's held-out data: EM, F1, format, relevance, per-hop breakdown.
+
+  python -m rlrag_jax.evaluate --config=configs/arena.py --checkpoint=runs/arena
+  python -m rlrag_jax.evaluate --config=configs/arena.py:paper --checkpoint=/path/to/hf_dir \\
+      --config.eval.judge_url=http://localhost:8000/v1 --config.eval.judge_model=NAME
+
+`--checkpoint` is a training run directory or an HF checkpoint directory. The optional LLM judge
+(an OpenAI-compatible endpoint you run) is off unless `eval.judge_url` is set.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+import sys
+
+from absl import app, flags
+from ml_collections import config_flags
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "configs/<method>.py[:preset]")
+_CKPT = flags.DEFINE_string("checkpoint", None, "run directory or HF checkpoint directory")
+_STEP = flags.DEFINE_integer("step", None, "checkpoint step (default: latest)")
+_OUT = flags.DEFINE_string("out", None, "write the summary JSON here (default: print only)")
+
+
+def main(argv):
+  del argv
+  from rlrag_jax import evaluation, judge, runlog
+  from rlrag_jax.rollout.policy import Policy
+  from rlrag_jax.tasks import get_task
+  from rlrag_jax.trainer import load_trained
+  config = _CONFIG.value
+  try:
+    lm = load_trained(_CKPT.value, step=_STEP.value)
+  except FileNotFoundError as e:
+    print(f"evaluate: {e}", file=sys.stderr)
+    return 2
+  ckpt = pathlib.Path(_CKPT.value)
+  if (ckpt / "model").is_dir():               # evaluate with the run's own tokenizer
+    config.workdir = str(ckpt)
+  elif config.model.init == "hf" or (ckpt / "config.json").exists():
+    config.model.init, config.model.path = "hf", str(ckpt)
+  task = get_task(config.method, config)
+  tok = task.tokenizer
+  policy = Policy(lm.config, lm.params, max_new_tokens=config.eval.max_new_tokens,
+                  eos_ids=tuple(lm.config.eos_token_id) or (tok.eos_token_id,),
+                  pad_id=tok.pad_token_id or 0)
+  examples = list(task.eval)[: config.eval.num_examples]
+  result = evaluation.evaluate(task, policy, examples, batch_size=config.eval.batch_size,
+                               seed=config.seed, judge=judge.from_config(config.eval))
+  keys = [k for k in result["all"] if k != "n"]
+  rows = [{"split": k, **v} for k, v in result.items() if k == "all" or k.startswith("hops=")]
+  print(runlog.format_table(rows, ["split"] + keys + ["n"], title=f"{config.method} evaluation"))
+  if _OUT.value:
+    pathlib.Path(_OUT.value).write_text(json.dumps(
+        {k: v for k, v in result.items() if k != "rows"} | {"rows": result["rows"]}, indent=2))
+  return 0
+
+
+if __name__ == "__main__":
+  flags.mark_flags_as_required(["config", "checkpoint"])
+  app.run(lambda argv: sys.exit(main(argv)))

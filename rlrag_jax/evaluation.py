@@ -1,0 +1,49 @@
+"""Greedy evaluation of a policy on a task's held-out examples, with a per-hop breakdown."""
+from __future__ import annotations
+
+import collections
+from typing import Sequence
+
+import jax
+import numpy as np
+
+
+def evaluate(task, policy, examples: Sequence, *, batch_size: int = 64, seed: int = 0,
+             progress: bool = True, desc: str = "eval", judge=None) -> dict:
+  """Runs greedy rollouts and averages `task.eval_metrics`; returns {'all': {...}, 'hops=k': {...},
+  'rows': [per-example dicts]}.
+
+  `judge(question, prediction, answers) -> bool` (optional, e.g. `judge.OpenAIJudge`) adds a
+  'judge' accuracy column, judged on the 'prediction' string that eval_metrics returns.
+  """
+  from tqdm.auto import tqdm
+  rows = []
+  rng = jax.random.PRNGKey(seed)
+  batches = range(0, len(examples), batch_size)
+  it = tqdm(batches, desc=desc, unit="batch", leave=False) if progress else batches
+  for start in it:
+    chunk = list(examples[start:start + batch_size])
+    rng, sub = jax.random.split(rng)
+    for ep in task.rollout(policy, chunk, sub, group_size=1, greedy=True):
+      m = dict(task.eval_metrics(ep))
+      m["hops"] = int(getattr(ep.example, "hops", 0) or 0)
+      m["id"] = getattr(ep.example, "id", "")
+      m["completion"] = ep.text
+      if judge is not None:
+        m["judge"] = float(judge(ep.example.question, m.get("prediction", ""), ep.example.answers))
+      rows.append(m)
+  out = {"all": _mean(rows), "rows": rows}
+  by_hops = collections.defaultdict(list)
+  for r in rows:
+    by_hops[r["hops"]].append(r)
+  for h in sorted(by_hops):
+    out[f"hops={h}"] = _mean(by_hops[h])
+  return out
+
+
+def _mean(rows) -> dict:
+  keys = [k for k in (rows[0] if rows else {}) if isinstance(rows[0][k], (int, float, np.floating))
+          and k != "hops"]
+  out = {k: float(np.mean([r[k] for r in rows])) for k in keys}
+  out["n"] = len(rows)
+  return out

@@ -1,0 +1,80 @@
+"""Packing prompts + completions into the token batches the RL and SFT steps consume.
+
+Layout (every row the same length T, a multiple of `bucket`):
+
+  input_ids       [B, T]  left-padded prompt, then the completion, then right padding
+  attention_mask  [B, T]  1 on real tokens
+  loss_mask       [B, T]  1 on completion tokens that count in the loss (the policy wrote them);
+                          0 on the prompt, padding, and tokens the environment inserted
+                          (e.g. retrieved passages inside a multi-turn completion)
+
+Left-padding the prompts aligns every completion to start at the same column, which keeps the
+slices cheap; positions are recomputed from the attention mask by the model.
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import numpy as np
+
+
+def round_up(n: int, bucket: int) -> int:
+  return max(bucket, -(-n // bucket) * bucket)
+
+
+def pack(prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]],
+         completion_loss_masks: Optional[Sequence[Sequence[int]]] = None, *, pad_id: int = 0,
+         bucket: int = 16, max_len: Optional[int] = None) -> dict:
+  """Returns {input_ids, attention_mask, loss_mask} as int32 numpy arrays.
+
+  `completion_loss_masks[i]` (same length as completions[i]) marks which completion tokens the
+  policy wrote; default all. With `max_len`, prompts are truncated from the left and completions
+  from the right so that prompt + completion fits.
+  """
+  if len(prompts) != len(completions):
+    raise ValueError(f"pack: {len(prompts)} prompts but {len(completions)} completions")
+  prompts = [list(p) for p in prompts]
+  completions = [list(c) for c in completions]
+  if completion_loss_masks is None:
+    masks = [[1] * len(c) for c in completions]
+  else:
+    masks = [list(m) for m in completion_loss_masks]
+    for i, (m, c) in enumerate(zip(masks, completions)):
+      if len(m) != len(c):
+        raise ValueError(f"pack: row {i}: loss mask has {len(m)} entries for {len(c)} tokens")
+  if max_len is not None:
+    for i in range(len(prompts)):
+      room = max_len - len(completions[i])
+      if room < 1:
+        completions[i] = completions[i][: max_len - 1]
+        masks[i] = masks[i][: max_len - 1]
+        room = 1
+      prompts[i] = prompts[i][-room:]
+  p_len = max((len(p) for p in prompts), default=1)
+  c_len = max((len(c) for c in completions), default=0)
+  total = round_up(p_len + c_len, bucket)
+  b = len(prompts)
+  ids = np.full((b, total), pad_id, np.int32)
+  attn = np.zeros((b, total), np.int32)
+  loss = np.zeros((b, total), np.int32)
+  for i, (p, c, m) in enumerate(zip(prompts, completions, masks)):
+    start = p_len - len(p)
+    ids[i, start:p_len] = p
+    attn[i, start:p_len] = 1
+    ids[i, p_len:p_len + len(c)] = c
+    attn[i, p_len:p_len + len(c)] = 1
+    loss[i, p_len:p_len + len(c)] = m
+  return {"input_ids": ids, "attention_mask": attn, "loss_mask": loss}
+
+
+def pad_rows(batch: dict, multiple: int) -> tuple:
+  """Pads the batch dimension to a multiple (for even sharding); returns (batch, n_real)."""
+  n = next(iter(batch.values())).shape[0]
+  target = round_up(n, multiple)
+  if target == n:
+    return batch, n
+  out = {}
+  for k, v in batch.items():
+    pad = np.zeros((target - n,) + v.shape[1:], v.dtype)
+    out[k] = np.concatenate([v, pad], axis=0)
+  return out, n

@@ -1,0 +1,37 @@
+"""`Policy`: current params + sampling settings, the one handle rollouts use to generate."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Optional, Sequence
+
+from rlrag_jax.models.config import ModelConfig
+
+
+@dataclasses.dataclass
+class Policy:
+  config: ModelConfig
+  params: Any
+  temperature: float = 1.0
+  top_k: int = 0
+  top_p: float = 1.0
+  max_new_tokens: int = 128
+  stop: tuple = ()                      # token-id sequences that end a row (kept in the output)
+  eos_ids: tuple = ()
+  pad_id: int = 0
+
+  def with_params(self, params) -> "Policy":
+    return dataclasses.replace(self, params=params)
+
+  def sample(self, prompt_ids: Sequence[Sequence[int]], rng, *, greedy: bool = False,
+             max_new_tokens: Optional[int] = None, stop: Optional[Sequence] = None,
+             max_new_tokens_per_row=None):
+    """Samples one continuation per prompt -> `sampling.Generation`."""
+    from rlrag_jax.sampling import generate_with_params
+    return generate_with_params(
+        self.config, self.params, [list(p) for p in prompt_ids],
+        max_new_tokens=int(max_new_tokens or self.max_new_tokens),
+        temperature=0.0 if greedy else self.temperature,
+        top_k=self.top_k, top_p=self.top_p,
+        stop=tuple(self.stop if stop is None else stop), rng=rng,
+        eos_ids=tuple(self.eos_ids), pad_id=self.pad_id,
+        max_new_tokens_per_row=max_new_tokens_per_row)

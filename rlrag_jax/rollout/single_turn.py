@@ -1,0 +1,39 @@
+"""Single-turn rollouts: each prompt gets `group_size` sampled completions, no environment."""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import numpy as np
+
+from rlrag_jax.tasks import Episode
+
+
+def completion_ids(gen, row: int) -> list:
+  """The generated tokens of one row (up to and including its stop/EOS token)."""
+  n = int(np.asarray(gen.lengths)[row])
+  return [int(t) for t in np.asarray(gen.tokens)[row, :n]]
+
+
+def single_turn(policy, examples: Sequence, prompt_ids: Callable, decode: Callable, rng, *,
+                group_size: int = 1, greedy: bool = False) -> list:
+  """Returns list[Episode], group-major: example i's samples at [i*G, (i+1)*G)."""
+  prompts = []
+  for ex in examples:
+    ids = prompt_ids(ex)
+    prompts.extend([ids] * group_size)
+  gen = policy.sample(prompts, rng, greedy=greedy)
+  episodes = []
+  for row, p in enumerate(prompts):
+    ex = examples[row // group_size]
+    comp = completion_ids(gen, row)
+    episodes.append(Episode(example=ex, prompt_ids=p, completion_ids=comp,
+                            loss_mask=[1] * len(comp), text=decode(comp),
+                            info={"stopped_by": _stopped_by(gen, row)}))
+  return episodes
+
+
+def _stopped_by(gen, row: int) -> str:
+  s = getattr(gen, "stopped_by", None)
+  if s is None:
+    return ""
+  return str(np.asarray(s)[row]) if not isinstance(s, (list, tuple)) else str(s[row])

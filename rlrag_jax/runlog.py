@@ -1,0 +1,101 @@
+"""Run logging: metrics to JSONL and TensorBoard event files, curves to PNG, tables to text."""
+from __future__ import annotations
+
+import json
+import math
+import pathlib
+from typing import Iterable, Mapping, Optional, Sequence
+
+import numpy as np
+
+
+class RunLog:
+  """Appends `{'step', 'stage', **metrics}` rows to `<workdir>/metrics.jsonl` and TensorBoard."""
+
+  def __init__(self, workdir, tensorboard: bool = True):
+    self.dir = pathlib.Path(workdir)
+    self.dir.mkdir(parents=True, exist_ok=True)
+    self.path = self.dir / "metrics.jsonl"
+    self._tb = None
+    if tensorboard:
+      try:
+        from tensorboardX import SummaryWriter
+        self._tb = SummaryWriter(str(self.dir / "tb"))
+      except ImportError:  # optional: JSONL and PNG still work
+        self._tb = None
+
+  def write(self, step: int, stage: str, metrics: Mapping[str, float]) -> None:
+    row = {"step": int(step), "stage": stage}
+    for k, v in metrics.items():
+      v = float(v)
+      row[k] = v if math.isfinite(v) else str(v)
+      if self._tb is not None and math.isfinite(v):
+        self._tb.add_scalar(f"{stage}/{k}", v, step)
+    with self.path.open("a") as f:
+      f.write(json.dumps(row) + "\n")
+
+  def rows(self, stage: Optional[str] = None) -> list:
+    if not self.path.exists():
+      return []
+    out = [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+    return [r for r in out if stage is None or r["stage"] == stage]
+
+  def truncate_after(self, step: int) -> None:
+    """On resume: drop rows logged after the checkpoint we restart from."""
+    rows = [r for r in self.rows() if r["step"] <= step]
+    self.path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+  def close(self) -> None:
+    if self._tb is not None:
+      self._tb.close()
+
+
+def plot_curves(rows: Sequence[dict], keys: Sequence[str], out_png, title: str = "",
+                smooth: int = 5) -> Optional[pathlib.Path]:
+  """One panel per key (raw and moving average) against step; returns the path or None."""
+  keys = [k for k in keys if any(isinstance(r.get(k), (int, float)) for r in rows)]
+  if not keys:
+    return None
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  cols = min(3, len(keys))
+  nrows = -(-len(keys) // cols)
+  fig, axes = plt.subplots(nrows, cols, figsize=(4.2 * cols, 3.0 * nrows), squeeze=False)
+  for ax, k in zip(axes.flat, keys):
+    pts = [(r["step"], r[k]) for r in rows if isinstance(r.get(k), (int, float))]
+    xs, ys = np.array([p[0] for p in pts]), np.array([p[1] for p in pts], float)
+    ax.plot(xs, ys, alpha=0.35, lw=1)
+    if len(ys) >= smooth > 1:
+      kern = np.ones(smooth) / smooth
+      ax.plot(xs[smooth - 1:], np.convolve(ys, kern, mode="valid"), lw=2)
+    ax.set_title(k, fontsize=9)
+    ax.set_xlabel("step", fontsize=8)
+    ax.grid(alpha=0.3)
+  for ax in list(axes.flat)[len(keys):]:
+    ax.axis("off")
+  if title:
+    fig.suptitle(title)
+  fig.tight_layout()
+  out = pathlib.Path(out_png)
+  fig.savefig(out, dpi=110)
+  plt.close(fig)
+  return out
+
+
+def format_table(rows: Sequence[Mapping], columns: Iterable[str], title: str = "") -> str:
+  """A fixed-width text table; floats with 3 decimals."""
+  columns = list(columns)
+  cells = [[_fmt(r.get(c, "")) for c in columns] for r in rows]
+  widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
+  line = "  ".join(c.ljust(w) for c, w in zip(columns, widths))
+  out = [title] if title else []
+  out += [line, "-" * len(line)]
+  out += ["  ".join(v.ljust(w) for v, w in zip(row, widths)) for row in cells]
+  return "\n".join(out)
+
+
+def _fmt(v) -> str:
+  if isinstance(v, float):
+    return f"{v:.3f}"
+  return str(v)

@@ -1,0 +1,40 @@
+"""Training entry point: `python -m rlrag_jax.train --config=configs/<method>.py[:preset]`.
+
+Overrides use ml_collections syntax, e.g. `--config.rl.kl_estimator=k3 --config.rl.steps=200`.
+`--resume` continues from the latest checkpoint in the config's workdir.
+"""
+from __future__ import annotations
+
+import logging
+
+from absl import app, flags
+from absl import logging as absl_logging
+from ml_collections import config_flags
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "configs/<method>.py[:preset]")
+_WORKDIR = flags.DEFINE_string("workdir", None, "overrides config.workdir")
+_RESUME = flags.DEFINE_bool("resume", False, "continue from the latest checkpoint in workdir")
+_QUIET = flags.DEFINE_bool("quiet", False, "no progress bars")
+
+
+def main(argv):
+  del argv
+  absl_logging.set_verbosity(absl_logging.WARNING)     # Orbax logs every save at INFO
+  handler = logging.StreamHandler()
+  handler.setFormatter(logging.Formatter("%(asctime)s %(name)s: %(message)s", "%H:%M:%S"))
+  ours = logging.getLogger("rlrag_jax")
+  ours.addHandler(handler)
+  ours.setLevel(logging.INFO)
+  ours.propagate = False
+  config = _CONFIG.value
+  if config is None:
+    raise app.UsageError("--config is required, e.g. --config=configs/arena.py")
+  if _WORKDIR.value:
+    config.workdir = _WORKDIR.value
+  from rlrag_jax import trainer
+  trainer.run(config, resume=_RESUME.value, progress=not _QUIET.value)
+
+
+if __name__ == "__main__":
+  flags.mark_flag_as_required("config")
+  app.run(main)
