@@ -31,6 +31,9 @@ class Task(Protocol):
 
   def sft_target(self, example) -> str: ...
 
+  def sft_target_ids(self, example) -> list: ...
+  """Token ids of the SFT target (ending with EOS)."""
+
   def rollout(self, policy: Callable, examples: Sequence[Any], rng, *, group_size: int,
               greedy: bool = False) -> list: ...
   """`policy(prompt_ids, rng, greedy)` samples continuations; returns list[Episode] (group-major)."""
@@ -39,6 +42,9 @@ class Task(Protocol):
   """Component dict with a 'total' key; never raises on malformed model output."""
 
   def eval_metrics(self, episode: Episode) -> dict: ...
+  """Numeric metrics of one greedy episode (plus an optional 'prediction' string for judges)."""
+
+  # Optional: `report(workdir, runlog)` writes method-specific plots/tables after training.
 
 
 def get_task(name: str, config) -> Task:

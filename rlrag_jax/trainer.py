@@ -247,6 +247,8 @@ def run(config, *, resume: bool = False, progress: bool = True) -> RunResult:
   after = _evaluate(task, eval_policy.with_params(state.params), eval_examples, config, "after RL")
   rlog.write(step, "eval_after", after["all"])
   _report(workdir, rlog, before, after, time.time() - t_start)
+  if hasattr(task, "report"):
+    task.report(workdir, rlog)
   if config.export_hf:
     save_hf(LM(model_cfg, jax.device_get(state.params), tok), workdir / "hf")
   rlog.close()
@@ -328,8 +330,9 @@ def _report(workdir, rlog, before, after, seconds):
        "after_by_hops": {k: v for k, v in after.items() if k.startswith("hops=")},
        "minutes": seconds / 60}, indent=2))
   rl_rows = rlog.rows("rl")
-  runlog.plot_curves(rl_rows, ["reward/total", "reward/format", "reward/accuracy",
-                               "reward/relevance", "kl", "grad_norm", "loss", "completion_len"],
+  reward_keys = sorted({k for r in rl_rows for k in r if k.startswith("reward/")},
+                       key=lambda k: (k != "reward/total", k))
+  runlog.plot_curves(rl_rows, reward_keys + ["kl", "grad_norm", "loss", "completion_len"],
                      workdir / "rl_curves.png", title="RL")
   sft_rows = rlog.rows("sft")
   runlog.plot_curves(sft_rows, ["loss"], workdir / "sft_curves.png", title="SFT")
