@@ -4,9 +4,9 @@
   python -m rlrag_jax.bench.retrieval --sizes 20000 --queries 200 --encoder-texts 128   # quick
 
 ANN: random unit vectors (d=384), inner product, Recall@k against exact search. Each method's
-search-time knob is raised until Recall@k >= --target-recall (ScaNN: leaves_to_search, then
-reorder depth; HNSW: efSearch, doubling), and queries/s is measured at the cheapest setting
-found that reaches it. Random unit vectors in high dimension have no structure for a tree or
+search-time knob is raised until Recall@k >= --target-recall, then bisected back to the smallest
+value that still reaches it (ScaNN: leaves_to_search, for reorder depths 100/200/400, keeping the
+fastest; HNSW: efSearch), and queries/s is measured at that setting. Random unit vectors in high dimension have no structure for a tree or
 a graph to exploit, so this is a hard case for both.
 
 Encoder: passages/s on the same texts, batch size and threads; each side encodes once to warm up
@@ -51,6 +51,35 @@ def _timed(fn, reps: int = 1):
     out = fn()
     best = min(best, time.perf_counter() - t)
   return best, out
+
+
+def _tune(evaluate, grid, target: float, steps: int = 4):
+  """Smallest knob value reaching `target`: walk the ascending `grid`, then bisect (integers)
+  between the last miss and the first hit. evaluate(x) -> (recall, seconds).
+
+  Returns (x, recall, seconds) at the smallest value found, or None if the grid never reaches it.
+  """
+  lo, hit = None, None
+  for x in grid:
+    rec, dt = evaluate(x)
+    if rec >= target:
+      hit = (x, rec, dt)
+      break
+    lo = x
+  if hit is None:
+    return None
+  if lo is not None:
+    hi = hit[0]
+    for _ in range(steps):
+      if hi - lo <= 1:
+        break
+      mid = (lo + hi) // 2
+      rec, dt = evaluate(mid)
+      if rec >= target:
+        hi, hit = mid, (mid, rec, dt)
+      else:
+        lo = mid
+  return hit
 
 
 class Table:
@@ -103,24 +132,21 @@ def bench_ann(n: int, args, table: Table):
   t_build_scann, scann = _timed(lambda: ScannIndex(db, num_threads=args.threads, **params))
   nl = scann.params()["num_leaves"]
   print(f"ScaNN build {t_build_scann:.1f} s  params {json.dumps(scann.params())}", flush=True)
-  # raise leaves_to_search (and, per leaves setting, the reorder depth) until the target is met;
-  # keep the fastest setting among those that meet it at the first two leaves settings that do
-  lts_grid = sorted({max(1, int(round(nl * f)))
-                     for f in (1 / 8, 1 / 4, 1 / 2, 3 / 4, 13 / 16, 7 / 8, 15 / 16, 1)})
-  hits = []
-  for lts in lts_grid:
-    for rk in (100, 200, 400, 800):
-      dt, (_, ids) = _timed(lambda: scann.search(q, k, leaves_to_search=lts, reorder_k=rk))
-      rec = _recall(ids, truth)
-      print(f"  ScaNN leaves_to_search={lts:<5} reorder={rk:<4} Recall@{k}={rec:.4f} "
-            f"{nq / dt:9,.0f} q/s", flush=True)
-      if rec >= target:
-        hits.append((dt, lts, rk, rec))
-        break
-    if len(hits) == 2:
-      break
-  if hits:
-    _, lts, rk, rec_scann = min(hits)
+  # for each reorder depth, the fewest leaves that reach the target; keep the fastest of those
+  def scann_eval(lts, rk):
+    dt, (_, ids) = _timed(lambda: scann.search(q, k, leaves_to_search=lts, reorder_k=rk))
+    rec = _recall(ids, truth)
+    print(f"  ScaNN leaves_to_search={lts:<5} reorder={rk:<4} Recall@{k}={rec:.4f} "
+          f"{nq / dt:9,.0f} q/s", flush=True)
+    return rec, dt
+  lts_grid = sorted({max(1, int(round(nl * f))) for f in (1 / 8, 1 / 4, 1 / 2, 3 / 4, 7 / 8, 1)})
+  found = []
+  for rk in (100, 200, 400):
+    hit = _tune(lambda lts: scann_eval(lts, rk), lts_grid, target)
+    if hit:
+      found.append((hit[2], hit[0], rk, hit[1]))
+  if found:
+    _, lts, rk, rec_scann = min(found)
     t_scann, _ = _timed(lambda: scann.search(q, k, leaves_to_search=lts, reorder_k=rk), args.reps)
     scann_note = f"R={rec_scann:.3f} leaves {lts}/{nl} reorder {rk}"
   else:
@@ -133,21 +159,18 @@ def bench_ann(n: int, args, table: Table):
   t_build_hnsw, _ = _timed(lambda: hnsw.add(db))
   print(f"faiss HNSW build {t_build_hnsw:.1f} s  (M={args.hnsw_m}, "
         f"efConstruction={args.hnsw_ef_construction})", flush=True)
-  hnsw_pick = None
-  ef = 16
-  while ef <= args.hnsw_max_ef:
+  def hnsw_eval(ef):
     hnsw.hnsw.efSearch = ef
     dt, (_, ids) = _timed(lambda: hnsw.search(q, k))
     rec = _recall(ids, truth)
     print(f"  HNSW efSearch={ef:<6} Recall@{k}={rec:.4f} {nq / dt:9,.0f} q/s", flush=True)
-    if rec >= target:
-      hnsw_pick = (ef, rec)
-      break
-    ef *= 2
-  if hnsw_pick:
-    hnsw.hnsw.efSearch = hnsw_pick[0]
+    return rec, dt
+  ef_grid = [16 << i for i in range(12) if 16 << i <= args.hnsw_max_ef]
+  hit = _tune(hnsw_eval, ef_grid, target)
+  if hit:
+    hnsw.hnsw.efSearch = hit[0]
     t_hnsw, _ = _timed(lambda: hnsw.search(q, k), args.reps)
-    hnsw_note = f"R={hnsw_pick[1]:.3f} efSearch {hnsw_pick[0]}"
+    hnsw_note = f"R={hit[1]:.3f} efSearch {hit[0]}"
   else:
     t_hnsw, hnsw_note = None, f"Recall@{k} {target} not reached by efSearch {args.hnsw_max_ef}"
   del hnsw

@@ -9,8 +9,9 @@ small corpora (N < `brute_force_below`, default 16384) it is ScaNN's float brute
 exact, and at that size as fast as a partitioned search (k-means with sqrt(N) leaves and
 16-centre codebooks per block also need a few thousand points to train).
 
-Persistence: `index.save(folder)` writes the index's own files into `folder` and returns the
-params to put in a manifest; `load_index(backend, folder, embeddings, params)` rebuilds it.
+Persistence: `index.save(folder, embeddings_file)` writes the index's own files into `folder` and
+returns the params to put in a manifest; `load_index(backend, folder, embeddings, params)`
+rebuilds it. The Retriever owns the embeddings file; ScaNN reuses it instead of its own copy.
 """
 from __future__ import annotations
 
