@@ -13,6 +13,7 @@ prefill included. Needs torch (the `bench` extra).
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import tempfile
 import time
@@ -45,30 +46,21 @@ def make_prompts(batch: int, lo: int, hi: int, vocab: int, seed: int = 0):
   return [rng.integers(3, vocab, int(n)).tolist() for n in rng.integers(lo, hi + 1, batch)]
 
 
-def _timed(fn, repeats: int):
-  times = []
-  for _ in range(repeats):
-    t = time.perf_counter()
-    out = fn()
-    times.append(time.perf_counter() - t)
-  return out, times
-
-
-def bench_ours(lm, prompts, args):
+def ours_runner(lm, prompts, args):
+  """-> (run() -> Generation, first-call seconds incl. compile)."""
   import jax
   from rlrag_jax.sampling import generate
   kw = dict(max_new_tokens=args.new_tokens, eos_ids=(), early_exit=args.loop == "while",
-            **_settings(args))
+            packed_decode=not args.module_decode, **_settings(args))
   run = lambda: generate(lm, prompts, rng=jax.random.PRNGKey(0), **kw)
   t = time.perf_counter()
-  run()
-  first = time.perf_counter() - t
-  out, times = _timed(run, args.repeats)
+  out = run()
   assert int(out.lengths.min()) == args.new_tokens, out.lengths
-  return out, times, first
+  return run, time.perf_counter() - t
 
 
-def bench_reference(model, prompts, args):
+def reference_runner(model, prompts, args):
+  """-> (run() -> generated ids [B, N], warm-up seconds)."""
   import torch
   b, p = len(prompts), max(len(x) for x in prompts)
   ids = torch.zeros((b, p), dtype=torch.long)
@@ -80,24 +72,27 @@ def bench_reference(model, prompts, args):
   kw = dict(do_sample=False) if s["temperature"] == 0 else dict(
       do_sample=True, temperature=s["temperature"], top_k=s["top_k"] or None, top_p=s["top_p"])
 
-  def run(n):
+  def run(n=args.new_tokens):
     torch.manual_seed(0)
     with torch.no_grad():
-      return model.generate(ids, attention_mask=att, max_new_tokens=n, min_new_tokens=n,
-                            pad_token_id=0, **kw)
+      out = model.generate(ids, attention_mask=att, max_new_tokens=n, min_new_tokens=n,
+                           pad_token_id=0, **kw)
+    assert out.shape[1] == p + n
+    return out[:, p:].numpy()
 
   t = time.perf_counter()
   run(8)                                    # warm-up (allocator, kernels)
-  warm = time.perf_counter() - t
-  out, times = _timed(lambda: run(args.new_tokens), args.repeats)
-  assert out.shape[1] == p + args.new_tokens
-  return out[:, p:].numpy(), times, warm
+  return run, time.perf_counter() - t
 
 
 def _settings(args):
   if args.mode == "greedy":
     return dict(temperature=0.0, top_k=0, top_p=1.0)
   return dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
+
+
+def _fmt(times):
+  return ", ".join(f"{t:.2f}s" for t in times)
 
 
 def main(argv=None):
@@ -113,6 +108,8 @@ def main(argv=None):
   ap.add_argument("--top-p", type=float, default=1.0)
   ap.add_argument("--loop", choices=("while", "scan"), default="while",
                   help="while: lax.while_loop with early exit; scan: fixed-trip fori_loop")
+  ap.add_argument("--module-decode", action="store_true",
+                  help="decode with DecoderLM.apply instead of the packed decode step")
   ap.add_argument("--repeats", type=int, default=3)
   ap.add_argument("--no-reference", action="store_true", help="time only our sampler")
   args = ap.parse_args(argv)
@@ -123,7 +120,7 @@ def main(argv=None):
   print(f"jax {jax.__version__} ({jax.default_backend()}), torch {torch.__version__} "
         f"({torch.get_num_threads()} threads); batch {args.batch}, {args.new_tokens} new tokens, "
         f"prompts {args.prompt_min}-{args.prompt_max} tokens, mode {args.mode} {_settings(args)}, "
-        f"loop {args.loop}")
+        f"loop {args.loop}; load average {os.getloadavg()[0]:.2f}")
   rows = []
   for size in args.sizes.split(","):
     with tempfile.TemporaryDirectory(prefix=f"bench_{size}_") as tmp:
@@ -132,32 +129,45 @@ def main(argv=None):
     n_params = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(lm.params))
     prompts = make_prompts(args.batch, args.prompt_min, args.prompt_max, lm.config.vocab_size)
     toks = args.batch * args.new_tokens
-    gen, times, first = bench_ours(lm, prompts, args)
-    ours = toks / min(times)
-    row = dict(size=size, params=n_params, ours=ours, ours_med=toks / statistics.median(times),
-               compile=first - min(times))
-    print(f"[{size}] {n_params / 1e6:.1f}M params; ours: {ours:.0f} tok/s (best of "
-          f"{len(times)}: {', '.join(f'{t:.2f}s' for t in times)}); first call incl. compile "
-          f"{first:.2f}s", flush=True)
+    run_ours, first = ours_runner(lm, prompts, args)
+    run_ref = None
     if not args.no_reference:
-      ref_tokens, rtimes, warm = bench_reference(model, prompts, args)
-      row["ref"] = toks / min(rtimes)
-      row["ref_med"] = toks / statistics.median(rtimes)
-      print(f"[{size}] transformers: {row['ref']:.0f} tok/s (best of {len(rtimes)}: "
-            f"{', '.join(f'{t:.2f}s' for t in rtimes)}); warm-up {warm:.2f}s", flush=True)
+      run_ref, warm = reference_runner(model, prompts, args)
+    # Interleaved, so that load from other processes hits both alike; best-of is reported.
+    ours_t, ref_t = [], []
+    for _ in range(args.repeats):
+      t = time.perf_counter()
+      gen = run_ours()
+      ours_t.append(time.perf_counter() - t)
+      if run_ref:
+        t = time.perf_counter()
+        ref_tokens = run_ref()
+        ref_t.append(time.perf_counter() - t)
+    row = dict(size=size, params=n_params, ours=toks / min(ours_t),
+               ours_med=toks / statistics.median(ours_t), first=first,
+               compile=first - statistics.median(ours_t))
+    print(f"[{size}] {n_params / 1e6:.1f}M params; ours: {row['ours']:.0f} tok/s (runs: "
+          f"{_fmt(ours_t)}); first call {first:.2f}s, so compile ~{row['compile']:.2f}s",
+          flush=True)
+    if run_ref:
+      row["ref"] = toks / min(ref_t)
+      row["ref_med"] = toks / statistics.median(ref_t)
+      print(f"[{size}] transformers: {row['ref']:.0f} tok/s (runs: {_fmt(ref_t)}); warm-up "
+            f"{warm:.2f}s", flush=True)
       if args.mode == "greedy":
         agree = float(np.mean(ref_tokens == gen.tokens))
         print(f"[{size}] greedy tokens identical to transformers: {agree:.1%}")
     rows.append(row)
-  print()
+  print(f"\nload average at the end: {os.getloadavg()[0]:.2f} (other processes share the cores)")
   print(f"{'model':>6} {'params':>8} {'ours tok/s':>11} {'ref tok/s':>10} {'ratio':>6} "
-        f"{'ours compile s':>15}")
+        f"{'ratio(median)':>14} {'ours compile s':>15}")
   for r in rows:
     ref = r.get("ref")
     ref_s = f"{ref:10.0f}" if ref else f"{'-':>10}"
     ratio = f"{r['ours'] / ref:5.2f}x" if ref else f"{'-':>6}"
+    ratio_med = f"{r['ours_med'] / r['ref_med']:13.2f}x" if ref else f"{'-':>14}"
     print(f"{r['size']:>6} {r['params'] / 1e6:7.1f}M {r['ours']:11.0f} {ref_s} {ratio} "
-          f"{r['compile']:15.2f}")
+          f"{ratio_med} {r['compile']:15.2f}")
   return rows
 
 

@@ -38,6 +38,7 @@ import numpy as np
 
 from rlrag_jax.models.config import ModelConfig
 from rlrag_jax.models.decoder import DecoderLM, init_cache
+from rlrag_jax.sampling import fast_decode
 from rlrag_jax.sampling import stop as stop_lib
 
 STOP_NONE, STOP_EOS, STOP_STOP, STOP_LENGTH = 0, 1, 2, 3
@@ -236,14 +237,21 @@ def decode(config: ModelConfig, params, tokens, active, cache):
 
 
 # --------------------------------------------------------------------------- the fused loop
-@functools.partial(jax.jit, static_argnames=("config", "mode", "max_new", "early_exit"))
+@functools.partial(jax.jit, static_argnames=("config", "mode", "max_new", "early_exit",
+                                             "packed_decode"))
 def _generate_jit(params, ids, mask, rng, row_max, temperature, top_p, eos_ids, stop_table,
                   stop_valid, pad_id, *, config: ModelConfig, mode: SamplingMode, max_new: int,
-                  early_exit: bool = True):
+                  early_exit: bool = True, packed_decode: bool = True):
   b, p = ids.shape
   n = max_new
   cache = init_cache(config, b, p + n)
   logits, cache = _prefill_impl(config, params, ids, mask, cache)
+  if packed_decode:
+    packed = fast_decode.pack_params(config, params)
+    decode_fn = lambda tok, active, cache: fast_decode.decode_step(config, packed, tok, active,
+                                                                    cache)
+  else:
+    decode_fn = lambda tok, active, cache: _decode_impl(config, params, tok, active, cache)
   width = stop_table.shape[1]
 
   def sample_and_record(i, logits, st):
@@ -287,7 +295,7 @@ def _generate_jit(params, ids, mask, rng, row_max, temperature, top_p, eos_ids, 
   def decode_next(i, st, logits, cache):
     tok = jax.lax.dynamic_slice_in_dim(st["tokens"], i, 1, axis=1)[:, 0]
     active = jax.lax.dynamic_slice_in_dim(st["mask"], i, 1, axis=1)[:, 0]
-    return _decode_impl(config, params, tok, active, cache)
+    return decode_fn(tok, active, cache)
 
   # One traced copy of the sampling code: each iteration samples from the carried logits, then
   # runs the decode step for the next token (skipped, via lax.cond, after the last one).
@@ -399,7 +407,8 @@ def generate_with_params(config: ModelConfig, params, prompt_ids, *, max_new_tok
                          temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
                          stop=(), rng=None, eos_ids=None, max_new_tokens_per_row=None,
                          pad_id: int = 0, tokenizer=None, prompt_lengths=None,
-                         batch_multiple: int = 1, early_exit: bool = True) -> Generation:
+                         batch_multiple: int = 1, early_exit: bool = True,
+                         packed_decode: bool = True) -> Generation:
   """Samples one continuation per prompt for a (config, params) pair; see `generate`.
 
   Extra options: `tokenizer` encodes string stops and supplies the EOS default when `eos_ids` is
@@ -433,7 +442,8 @@ def generate_with_params(config: ModelConfig, params, prompt_ids, *, max_new_tok
   out = _generate_jit(params, ids, mask, _as_key(rng), row_max,
                       np.float32(temperature if temperature > 0 else 1.0), np.float32(top_p),
                       eos, table, valid, np.int32(pad_id), config=config, mode=mode,
-                      max_new=bucket_length(max_new_tokens), early_exit=early_exit)
+                      max_new=bucket_length(max_new_tokens), early_exit=early_exit,
+                      packed_decode=packed_decode)
   out = jax.device_get(out)
   n = max_new_tokens
   reason = out["reason"][:b]

@@ -1,0 +1,123 @@
+"""A one-token decode step specialised for the sampler's inner loop.
+
+Same math, params and cache layout as `DecoderLM` (a drop-in for `DecoderLM.apply` with T=1),
+arranged for CPU decode speed, where each step streams every weight once for a handful of rows:
+
+  * q/k/v kernels are packed into one [E, (H+2K)*D] matrix and gate/up into one [E, 2F] matrix
+    (`pack_params`, once per generate call, outside the loop), so a layer is 4 matmuls, not 7;
+  * attention over the cache is an elementwise product + reduction over the [B, S, K, D] layout,
+    which XLA fuses into one pass, instead of a batched dot that first transposes the whole cache
+    of every layer on every step.
+
+Numerics follow `DecoderLM` (RMSNorm and softmax in f32, matmuls in the compute dtype); the
+sampler's tests compare both against `transformers`. Param-driven: biases are used where the
+param tree has them (q/k/v for Qwen2, o_proj for some Llama variants).
+"""
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rlrag_jax.models.config import ModelConfig
+from rlrag_jax.models.decoder import apply_rope, rope_inv_freq
+
+
+def _flat_kernel(w):
+  """[E, H, D] -> [E, H*D] (a free reshape)."""
+  return w.reshape(w.shape[0], -1)
+
+
+def pack_params(config: ModelConfig, params) -> dict:
+  """The decode-friendly view of a `DecoderLM` param tree (concatenated projections)."""
+  dt = config.compute_dtype
+  model = params["model"]
+  layers = []
+  for i in range(config.num_layers):
+    layer = model[f"layers_{i}"]
+    attn, mlp = layer["self_attn"], layer["mlp"]
+    names = ("q_proj", "k_proj", "v_proj")
+    packed = {
+        "ln1": layer["input_layernorm"]["weight"],
+        "ln2": layer["post_attention_layernorm"]["weight"],
+        "qkv": jnp.concatenate([_flat_kernel(attn[n]["kernel"]).astype(dt) for n in names], 1),
+        "o": attn["o_proj"]["kernel"].reshape(-1, config.hidden_size).astype(dt),  # [H*D, E]
+        "gate_up": jnp.concatenate([mlp["gate_proj"]["kernel"].astype(dt),
+                                    mlp["up_proj"]["kernel"].astype(dt)], 1),   # [E, 2F]
+        "down": mlp["down_proj"]["kernel"].astype(dt),
+    }
+    if "bias" in attn["q_proj"]:
+      packed["qkv_bias"] = jnp.concatenate([attn[n]["bias"].reshape(-1).astype(dt)
+                                            for n in names])
+    if "bias" in attn["o_proj"]:
+      packed["o_bias"] = attn["o_proj"]["bias"].astype(dt)
+    layers.append(packed)
+  out = {"layers": tuple(layers), "embed": model["embed_tokens"]["embedding"],
+         "norm": model["norm"]["weight"]}
+  if not config.tie_word_embeddings:
+    out["lm_head"] = params["lm_head"]["kernel"]
+  return out
+
+
+def _rms(x, w, eps, dtype):
+  xf = x.astype(jnp.float32)
+  xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
+  return (w.astype(jnp.float32) * xf).astype(dtype)
+
+
+def decode_step(config: ModelConfig, packed, tokens, active, cache):
+  """tokens [B] int32, active [B] bool -> (logits [B, V] f32 for the next token, new cache).
+
+  Writes each row's token at slot cache['index'] (masked out of the cache where not active),
+  exactly as `DecoderLM.apply(params, tokens[:, None], active[:, None], cache=cache)` does.
+  """
+  dt = config.compute_dtype
+  b = tokens.shape[0]
+  h, kh, d, e = config.num_heads, config.num_kv_heads, config.head_dim, config.hidden_size
+  g = h // kh
+  index = cache["index"]
+  # RoPE position = number of real tokens before this one (left padding safe).
+  pos = jnp.sum(cache["mask"].astype(jnp.int32), axis=1)                  # [B]
+  freqs = pos.astype(jnp.float32)[:, None] * jnp.asarray(rope_inv_freq(config))
+  emb = jnp.concatenate([freqs, freqs], axis=-1)[:, None, :]               # [B, 1, D]
+  cos, sin = jnp.cos(emb), jnp.sin(emb)
+  key_mask = jax.lax.dynamic_update_slice(cache["mask"], active[:, None], (0, index))  # [B, S]
+  neg = jnp.finfo(jnp.float32).min
+  scale = np.float32(1.0 / math.sqrt(d))
+
+  x = packed["embed"][tokens].astype(dt)                                   # [B, E]
+  new_layers = []
+  for lp, lc in zip(packed["layers"], cache["layers"]):
+    y = _rms(x, lp["ln1"], config.rms_norm_eps, dt)
+    qkv = jnp.dot(y, lp["qkv"])                                            # [B, (H+2K)*D]
+    if "qkv_bias" in lp:
+      qkv = qkv + lp["qkv_bias"]
+    q = qkv[:, :h * d].reshape(b, h, d)
+    k = qkv[:, h * d:(h + kh) * d].reshape(b, kh, d)
+    v = qkv[:, (h + kh) * d:].reshape(b, kh, d)
+    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    ck = jax.lax.dynamic_update_slice(lc["k"], k[:, None].astype(lc["k"].dtype), (0, index, 0, 0))
+    cv = jax.lax.dynamic_update_slice(lc["v"], v[:, None].astype(lc["v"].dtype), (0, index, 0, 0))
+    new_layers.append({"k": ck, "v": cv})
+    qg = q.reshape(b, 1, kh, g, d).astype(jnp.float32)
+    scores = jnp.sum(qg * ck[:, :, :, None, :].astype(jnp.float32), axis=-1) * scale  # [B,S,K,G]
+    scores = jnp.where(key_mask[:, :, None, None], scores, neg)
+    probs = jax.nn.softmax(scores, axis=1).astype(dt)
+    out = jnp.sum(probs[..., None] * cv[:, :, :, None, :].astype(dt), axis=1)  # [B, K, G, D]
+    y = jnp.dot(out.reshape(b, h * d), lp["o"])
+    if "o_bias" in lp:
+      y = y + lp["o_bias"]
+    x = x + y
+    y = _rms(x, lp["ln2"], config.rms_norm_eps, dt)
+    gu = jnp.dot(y, lp["gate_up"])                                         # [B, 2F]
+    f = gu.shape[-1] // 2
+    x = x + jnp.dot(jax.nn.silu(gu[:, :f]) * gu[:, f:], lp["down"])
+  x = _rms(x, packed["norm"], config.rms_norm_eps, dt)
+  if config.tie_word_embeddings:
+    logits = jnp.dot(x, packed["embed"].astype(dt).T)
+  else:
+    logits = jnp.dot(x, packed["lm_head"].astype(dt))
+  new_cache = {"layers": tuple(new_layers), "mask": key_mask, "index": index + 1}
+  return logits.astype(jnp.float32), new_cache
