@@ -1,0 +1,4 @@
+"""Turning a policy + an environment into trajectories (single turn, tool loop)."""
+from rlrag_jax.rollout.tool_loop import (Observation, ToolLoopResult, Turn, run_tool_loop)
+
+__all__ = ["Observation", "ToolLoopResult", "Turn", "run_tool_loop"]

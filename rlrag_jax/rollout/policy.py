@@ -24,8 +24,12 @@ class Policy:
 
   def sample(self, prompt_ids: Sequence[Sequence[int]], rng, *, greedy: bool = False,
              max_new_tokens: Optional[int] = None, stop: Optional[Sequence] = None,
-             max_new_tokens_per_row=None):
-    """Samples one continuation per prompt -> `sampling.Generation`."""
+             max_new_tokens_per_row=None, **sampler_kwargs):
+    """Samples one continuation per prompt -> `sampling.Generation`.
+
+    `sampler_kwargs` go to `generate_with_params` (e.g. `batch_multiple`, which the multi-turn
+    loop uses so that shrinking batches share compiled programs).
+    """
     from rlrag_jax.sampling import generate_with_params
     return generate_with_params(
         self.config, self.params, [list(p) for p in prompt_ids],
@@ -34,4 +38,4 @@ class Policy:
         top_k=self.top_k, top_p=self.top_p,
         stop=tuple(self.stop if stop is None else stop), rng=rng,
         eos_ids=tuple(self.eos_ids), pad_id=self.pad_id,
-        max_new_tokens_per_row=max_new_tokens_per_row)
+        max_new_tokens_per_row=max_new_tokens_per_row, **sampler_kwargs)
