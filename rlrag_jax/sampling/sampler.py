@@ -408,19 +408,22 @@ def generate_with_params(config: ModelConfig, params, prompt_ids, *, max_new_tok
                          stop=(), rng=None, eos_ids=None, max_new_tokens_per_row=None,
                          pad_id: int = 0, tokenizer=None, prompt_lengths=None,
                          batch_multiple: int = 1, early_exit: bool = True,
-                         packed_decode: bool = True) -> Generation:
+                         packed_decode: bool = True,
+                         prompt_length: Optional[int] = None) -> Generation:
   """Samples one continuation per prompt for a (config, params) pair; see `generate`.
 
   Extra options: `tokenizer` encodes string stops and supplies the EOS default when `eos_ids` is
   None; `prompt_lengths` goes with a 2-D prompt array (see `left_pad`); `batch_multiple` pads the
   batch with dummy rows to a multiple (fewer compiled programs when the batch size varies, as in
-  the multi-turn loop); `early_exit=False` runs all max_new_tokens steps (benchmarking).
+  the multi-turn loop); `early_exit=False` runs all max_new_tokens steps (benchmarking);
+  `prompt_length` left-pads the prompts to that width instead of the bucketed longest (callers
+  with a coarser bucket of their own, such as the multi-turn loop, compile fewer programs).
   """
   if int(max_new_tokens) != max_new_tokens or max_new_tokens < 1:
     raise ValueError(f"max_new_tokens must be a positive integer; got {max_new_tokens}")
   max_new_tokens = int(max_new_tokens)
   mode = sampling_mode(temperature, top_k, top_p, config.vocab_size)
-  ids, mask = left_pad(prompt_ids, pad_id, prompt_lengths)
+  ids, mask = left_pad(prompt_ids, pad_id, prompt_lengths, prompt_length)
   b = ids.shape[0]
   row_max = np.full((b,), max_new_tokens, np.int32)
   if max_new_tokens_per_row is not None:
