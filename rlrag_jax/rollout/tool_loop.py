@@ -111,7 +111,7 @@ def run_tool_loop(policy, prompts: Sequence[Sequence[int]], env, *, rng, tokeniz
                   max_turns: int, max_obs_tokens: int, max_total_len: int,
                   stop: Sequence = (), greedy: bool = False,
                   max_new_tokens: Optional[int] = None, min_batch: int = 8,
-                  ) -> ToolLoopResult:
+                  context_bucket: int = 64) -> ToolLoopResult:
   """Runs tool-interleaved episodes for a batch of prompts.
 
   Args:
@@ -127,8 +127,9 @@ def run_tool_loop(policy, prompts: Sequence[Sequence[int]], env, *, rng, tokeniz
     stop: stop sequences that end a turn (strings, encoded with `tokenizer`, or token-id lists).
     greedy: greedy decoding instead of sampling.
     max_new_tokens: policy tokens per turn (default `policy.max_new_tokens`).
-    min_batch: the active rows of a turn are padded to a power of two >= this (fewer compiled
-      programs as the active set shrinks).
+    min_batch: the active rows of a turn are padded to a power of two >= this, and
+    context_bucket: their contexts are left-padded to a multiple of this; both keep the number of
+      compiled generate programs small as the active set shrinks and the contexts grow.
   """
   if max_turns < 0 or max_obs_tokens < 0:
     raise ValueError(f"run_tool_loop: max_turns ({max_turns}) and max_obs_tokens "
@@ -149,11 +150,14 @@ def run_tool_loop(policy, prompts: Sequence[Sequence[int]], env, *, rng, tokeniz
   active = list(range(n))
   t = 0
   while active:
-    room = [max_total_len - len(prompts[i]) - len(comp[i]) for i in active]
-    gen = policy.sample([prompts[i] + comp[i] for i in active], jax.random.fold_in(rng, t),
-                        greedy=greedy, max_new_tokens=per_turn, stop=stops,
+    contexts = [prompts[i] + comp[i] for i in active]
+    room = [max_total_len - len(c) for c in contexts]
+    width = max(len(c) for c in contexts)
+    gen = policy.sample(contexts, jax.random.fold_in(rng, t), greedy=greedy,
+                        max_new_tokens=per_turn, stop=stops,
                         max_new_tokens_per_row=np.minimum(room, per_turn),
-                        batch_multiple=_pow2(len(active), min_batch))
+                        batch_multiple=_pow2(len(active), min_batch),
+                        prompt_length=-(-width // context_bucket) * context_bucket)
     lengths = np.asarray(gen.lengths)
     toks = np.asarray(gen.tokens)
     new = [toks[j, :lengths[j]].tolist() for j in range(len(active))]

@@ -31,8 +31,9 @@ class ScriptedPolicy:
   batch_multiples: list = dataclasses.field(default_factory=list)
 
   def sample(self, prompt_ids, rng, *, greedy=False, max_new_tokens=None, stop=(),
-             max_new_tokens_per_row=None, batch_multiple=1):
+             max_new_tokens_per_row=None, batch_multiple=1, prompt_length=None):
     del rng, greedy, stop
+    assert prompt_length % 64 == 0 and prompt_length >= max(len(p) for p in prompt_ids)
     rows = [p[0] - 3 for p in prompt_ids]
     self.calls.append(rows)
     self.batch_multiples.append(batch_multiple)
