@@ -382,13 +382,6 @@ def test_score_keeps_parse_and_verdict():
   assert s.correct and s.parsed.structure == "A" and s.as_dict()["total"] == 2.0
 
 
-@pytest.mark.parametrize("reply, verdict", [
-    ("Yes.", True), ("no", False), ("The prediction is correct", True),
-    ("Incorrect: different person", False), ("maybe", None)])
-def test_parse_verdict(reply, verdict):
-  assert rewards.parse_verdict(reply) is verdict
-
-
 # ---------------------------------------------------------------- gold trajectories
 
 def _two_hop():

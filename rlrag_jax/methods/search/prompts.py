@@ -65,9 +65,13 @@ def format_observation(hits) -> str:
   return "\n".join(lines)
 
 
+OBS_OPEN = "\n\n<information>"
+OBS_CLOSE = "</information>\n\n"
+
+
 def observation_block(observation: str) -> str:
   """What the system appends after a model turn that ended with SEARCH_STOP."""
-  return f"\n\n<information>{observation}</information>\n\n"
+  return f"{OBS_OPEN}{observation}{OBS_CLOSE}"
 
 
 def as_text(x) -> Optional[str]:
@@ -115,8 +119,10 @@ def _substitute_refs(question: str, answers: list) -> str:
 
 def gold_queries(example) -> list:
   """One concise keyword query per gold step (the question itself when there is no
-  decomposition), '#k' references replaced by earlier sub-answers."""
+  decomposition), '#k' references replaced by earlier sub-answers. A step that is not searched
+  (see `_searched_steps`) gets '' when no concise query can be made from it."""
   steps = list(example.decomposition) or [None]
+  searched = set(_searched_steps(example)) if example.decomposition else {0}
   queries, sub_answers = [], []
   for i, step in enumerate(steps):
     question = example.question if step is None else _substitute_refs(step.question, sub_answers)
@@ -124,7 +130,7 @@ def gold_queries(example) -> list:
     if not query and step is not None:
       titles = [c.title for c in map(example.context, step.gold_ids) if c is not None]
       query = conciseness.to_keywords(" ".join(titles))
-    if not query:
+    if not query and i in searched:
       raise ValueError(f"gold_queries: example {example.id!r} step {i}: no concise query can be "
                        f"made from {question!r} or its gold context titles")
     queries.append(query)
@@ -132,25 +138,58 @@ def gold_queries(example) -> list:
   return queries
 
 
-def gold_trajectory(example, observations: Callable[[str], str]) -> str:
-  """A structure-(B) completion: think, one search/information/reflect round per gold step,
+def _searched_steps(example) -> list:
+  """Indices of the decomposition steps that need a search: those with gold passages, or every
+  step when none has any. A step without gold passages among steps that have them only
+  reasons over earlier answers (the world's final comparison step), so it is not searched."""
+  steps = list(example.decomposition)
+  if any(s.gold_ids for s in steps):
+    return [i for i, s in enumerate(steps) if s.gold_ids]
+  return list(range(len(steps)))
+
+
+def gold_pieces(example, observations: Callable[[str], str]) -> list:
+  """The structure-(B) gold completion as [(text, written_by_model)] pieces, in order.
+
+  Think, one search/information/reflect round per searched gold step (see `_searched_steps`),
   answer. `observations(query)` returns the observation text (e.g. format_observation of the
-  retriever's hits); it is wrapped by observation_block exactly as the rollout does."""
+  retriever's hits); it appears as two system pieces, OBS_OPEN + text and OBS_CLOSE, exactly
+  as the rollout appends them, so that tokenizing piece by piece gives the rollout's tokens and
+  the loss mask (0 on system pieces).
+  """
   steps = list(example.decomposition)
   queries = gold_queries(example)
+  keep = _searched_steps(example) if steps else [0]
   sub_answers = [s.answer for s in steps] if steps else [example.answers[0]]
-  parts = ["<think>I need to search.</think>"]
-  for k, (query, sub_answer) in enumerate(zip(queries, sub_answers)):
-    parts.append(f"\n<search>{query}{SEARCH_STOP}")
-    parts.append(observation_block(str(observations(query))))
-    nxt = "Done." if k == len(queries) - 1 else "Next step."
-    parts.append(f"<reflect>Found {sub_answer}. {nxt}</reflect>")
-  parts.append(f"\n<answer>{example.answers[0]}</answer>")
-  return "".join(parts)
+  pieces, text = [], "<think>I need to search.</think>"
+  for n, k in enumerate(keep):
+    text += f"\n<search>{queries[k]}{SEARCH_STOP}"
+    pieces += [(text, True), (OBS_OPEN + str(observations(queries[k])), False),
+               (OBS_CLOSE, False)]
+    nxt = "Done." if n == len(keep) - 1 else "Next step."
+    text = f"<reflect>Found {sub_answers[k]}. {nxt}</reflect>"
+  pieces.append((text + f"\n<answer>{example.answers[0]}</answer>", True))
+  return pieces
+
+
+def gold_trajectory(example, observations: Callable[[str], str]) -> str:
+  """The structure-(B) gold completion as one string (see `gold_pieces`)."""
+  return "".join(text for text, _ in gold_pieces(example, observations))
+
+
+DIRECT_THINK = "<think>I know this.</think>"
+SEARCH_THINK = "<think>I need to search.</think>"
 
 
 def gold_trajectory_direct(example) -> str:
   """A structure-(A) completion: think, reflect, answer, with no search."""
   answer = example.answers[0]
-  return (f"<think>I know this.</think>\n<reflect>It is {answer}.</reflect>\n"
+  return (f"{DIRECT_THINK}\n<reflect>It is {answer}.</reflect>\n"
           f"<answer>{answer}</answer>")
+
+
+def naive_rag_prefix(question: str, observation: str) -> tuple:
+  """(model text, system text) that open a naive-RAG completion: one search for the question
+  itself and its observation; the model continues with <reflect> and <answer>."""
+  return (f"{SEARCH_THINK}\n<search>{' '.join(str(question).split())}{SEARCH_STOP}",
+          observation_block(observation))

@@ -10,7 +10,9 @@
   total   r_f + r_s + r_a.
 
 Correctness is normalised exact match by default, token F1 >= f1_threshold with
-match='f1', or an injected `judge(prediction, answers) -> bool` (e.g. `LLMJudge`).
+match='f1', or an injected `judge(prediction, answers) -> bool`, e.g. the shared
+`rlrag_jax.judge.OpenAIJudge` with the question bound (the search task does this when
+`reward.judge_url` is set).
 
 Model output never makes these functions raise. Caller errors do, with a message: an unknown
 stage or match, and, for RC > 1, missing or mis-shaped `queries_embeddings` (the caller embeds
@@ -19,11 +21,7 @@ stage or match, and, for RC > 1, missing or mis-shaped `queries_embeddings` (the
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
-import re
 from typing import Callable, Optional
-import urllib.request
 
 import numpy as np
 
@@ -144,45 +142,3 @@ def reward(completion: str, answers: list, queries_embeddings=None, stage: int =
   return score(completion, answers, queries_embeddings, stage, beta, match=match,
                f1_threshold=f1_threshold, judge=judge,
                max_query_words=max_query_words).as_dict()
-
-
-_VERDICT = re.compile(r"\b(yes|no|correct|incorrect)\b", re.IGNORECASE)
-
-
-def parse_verdict(text: str) -> Optional[bool]:
-  """First yes/no/correct/incorrect in a judge's reply -> bool; None if there is none."""
-  m = _VERDICT.search(str(text))
-  if m is None:
-    return None
-  return m.group(1).lower() in ("yes", "correct")
-
-
-@dataclasses.dataclass
-class LLMJudge:
-  """Optional correctness judge over an OpenAI-compatible /chat/completions endpoint.
-
-  Off by default: nothing builds one unless a config asks for it, and tests never call it.
-  The API key is read from the environment variable named by `api_key_env` at call time.
-  A reply without a verdict counts as wrong; network errors propagate (they are not model
-  output, and silently scoring them would corrupt training).
-  """
-  base_url: str
-  model: str
-  api_key_env: str = "OPENAI_API_KEY"
-  timeout_s: float = 30.0
-
-  def __call__(self, prediction: str, answers: list) -> bool:
-    prompt = ("Gold answers: " + " | ".join(map(str, answers)) + "\nPrediction: "
-              + str(prediction) + "\nDoes the prediction mean the same as a gold answer? "
-              "Reply yes or no.")
-    body = json.dumps({"model": self.model, "temperature": 0.0,
-                       "messages": [{"role": "user", "content": prompt}]}).encode()
-    headers = {"Content-Type": "application/json"}
-    key = os.environ.get(self.api_key_env)
-    if key:
-      headers["Authorization"] = f"Bearer {key}"
-    req = urllib.request.Request(self.base_url.rstrip("/") + "/chat/completions", data=body,
-                                 headers=headers)
-    with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
-      reply = json.load(resp)
-    return bool(parse_verdict(reply["choices"][0]["message"]["content"]))
