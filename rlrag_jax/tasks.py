@@ -34,6 +34,9 @@ class Task(Protocol):
   def sft_target_ids(self, example) -> list: ...
   """Token ids of the SFT target (ending with EOS)."""
 
+  # Optional: `sft_loss_mask(example) -> list` (same length as sft_target_ids) with 0 on target
+  # tokens the environment wrote (e.g. retrieved passages in a multi-turn gold trajectory).
+
   def rollout(self, policy: Callable, examples: Sequence[Any], rng, *, group_size: int,
               greedy: bool = False) -> list: ...
   """`policy(prompt_ids, rng, greedy)` samples continuations; returns list[Episode] (group-major)."""

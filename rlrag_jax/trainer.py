@@ -183,7 +183,9 @@ def run(config, *, resume: bool = False, progress: bool = True) -> RunResult:
     exs = next(sft_iter)
     prompts = [task.prompt_ids(ex) for ex in exs]
     targets = [task.sft_target_ids(ex) for ex in exs]
-    batch = pack(prompts, targets, pad_id=pad, max_len=config.sft.max_len,
+    masks = ([task.sft_loss_mask(ex) for ex in exs] if hasattr(task, "sft_loss_mask")
+             else None)      # optional: 0 on target tokens the environment wrote
+    batch = pack(prompts, targets, masks, pad_id=pad, max_len=config.sft.max_len,
                  bucket=config.sft.pack_bucket)
     state, m = steps.sft_step(state, sharding.shard_batch(batch, mesh))
     _log_step(rlog, step, "sft", m, config.log_every, bar)
