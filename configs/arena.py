@@ -30,7 +30,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.data.max_eval = 200
   c.data.max_contexts = 4               # gold passages + distractors shown as references
   c.data.max_passage_chars = 0          # 0 = whole passages
-  c.data.prompt_style = "paper"         # 'paper' (Table 1 instruction) | 'compact' (no instruction)
+  c.data.prompt_style = "paper"         # 'paper' (the structured-reply instruction) | 'compact'
+  c.data.analysis_style = "full"        # SFT targets' analysis: 'full' sentences | 'chain' (terse)
   c.data.skip_invalid = False
 
   c.model = ml_collections.ConfigDict()
@@ -105,17 +106,19 @@ def get_config(arg: str = ""):
     c.data.world = ml_collections.ConfigDict(dict(seed=0))
     c.data.max_contexts = 3
     c.data.prompt_style = "compact"     # a from-scratch model gains nothing from a fixed preamble
+    c.data.analysis_style = "chain"     # short gold analyses: completions fit 64 new tokens
     c.data.max_eval = 200
-    c.sft.steps = 300
-    c.sft.batch_size = 32
+    c.sft.steps = 200
+    c.sft.batch_size = 16
     c.sft.lr = 3e-3
-    c.rl.steps = 60
+    c.sft.pack_bucket = 32
+    c.rl.steps = 50
     c.rl.prompts_per_step = 8
     c.rl.group_size = 8
     c.rl.lr = 2e-4
-    c.rl.max_new_tokens = 64
+    c.rl.max_new_tokens = 72
     c.rl.kl_beta = 0.04
-    c.eval.max_new_tokens = 64
+    c.eval.max_new_tokens = 72
     c.eval.num_examples = 200
     c.checkpoint.every = 50
   elif arg == "paper":

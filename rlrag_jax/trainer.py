@@ -110,7 +110,10 @@ class RunResult:
   params: Any
 
 
-def run(config, *, resume: bool = False, progress: bool = True) -> RunResult:
+def run(config, *, resume: bool = False, progress: bool = True,
+        stop_after: Optional[int] = None) -> Optional[RunResult]:
+  """Trains as `config` says. `stop_after=k` abandons the run right after global step k, without
+  any final save (what a killed process leaves behind: checkpoints up to the last interval)."""
   from rlrag_jax.checkpoint import CheckpointManager
   from rlrag_jax.models import sharding
 
@@ -191,6 +194,9 @@ def run(config, *, resume: bool = False, progress: bool = True) -> RunResult:
     _log_step(rlog, step, "sft", m, config.log_every, bar)
     if config.checkpoint.every and step % config.checkpoint.every == 0:
       save(step, "sft")
+    if stop_after is not None and step >= stop_after:
+      ckpt.close()
+      return None
 
   # ---- switch to RL: the warm-up policy is the reference and the "before" baseline
   if stage == "sft":
@@ -240,6 +246,9 @@ def run(config, *, resume: bool = False, progress: bool = True) -> RunResult:
       rlog.write(step, "eval", mid["all"])
     if config.checkpoint.every and step % config.checkpoint.every == 0:
       save(step, "rl")
+    if stop_after is not None and step >= stop_after:
+      ckpt.close()
+      return None
   if bar is not None:
     bar.close()
   if config.checkpoint.every and ckpt.latest_step() != step:

@@ -142,11 +142,36 @@ def _first_sentence_steps(example, numbering, max_chars: int) -> list:
   return out
 
 
+def _chain_steps(example, numbering, max_chars: int) -> list:
+  """Terse steps, one per decomposition step: "[3] Rilcor Wyrhalyss." (cite + sub-answer).
+
+  The bridge entities alone carry the reasoning chain; a tiny model trained from scratch learns
+  this in far fewer tokens than full sentences (the CPU default uses it)."""
+  out = []
+  for step in example.decomposition:
+    if not str(step.answer).strip():
+      return []
+    cite = _cite(numbering.number(g) for g in step.gold_ids)
+    out.append(_clip(f"{cite} {step.answer}." if cite else f"{step.answer}.", max_chars))
+  return out
+
+
+STYLES = ("full", "chain")
+
+
 def analysis_steps(example, numbering: Optional[prompts.Numbering] = None,
-                   max_fact_chars: int = 160) -> list:
-  """The reasoning sentences of the gold analysis (without the final "So the answer is")."""
+                   max_fact_chars: int = 160, style: str = "full") -> list:
+  """The reasoning sentences of the gold analysis (without the final "So the answer is").
+
+  style: 'full' (sentences, the default) or 'chain' (cite + sub-answer per step, falling back to
+  'full' when the example has no decomposition)."""
+  if style not in STYLES:
+    raise ValueError(f"analysis style {style!r}; expected one of {STYLES}")
   numbering = numbering or prompts.reference_numbers(example)
-  for build in (_decomposition_steps, _triple_steps, _fact_steps, _first_sentence_steps):
+  builders = (_decomposition_steps, _triple_steps, _fact_steps, _first_sentence_steps)
+  if style == "chain":
+    builders = (_chain_steps,) + builders
+  for build in builders:
     steps = build(example, numbering, max_fact_chars)
     if steps:
       return steps
@@ -154,20 +179,21 @@ def analysis_steps(example, numbering: Optional[prompts.Numbering] = None,
 
 
 def gold_completion(example, numbering: Optional[prompts.Numbering] = None,
-                    max_fact_chars: int = 160) -> str:
+                    max_fact_chars: int = 160, style: str = "full") -> str:
   """The gold structured reply for an Example.
 
   Args:
     example: an `Example` with answers (answers[0], which must not be blank) and gold_ids.
     numbering: `prompts.reference_numbers(example)`; computed when None.
     max_fact_chars: cut each analysis sentence to about this many characters.
+    style: 'full' or 'chain' (see `analysis_steps`).
 
   Returns:
     "<relevance>[..]</relevance>\\n<analysis>..</analysis>\\n<answer>..</answer>".
   """
   numbering = numbering or prompts.reference_numbers(example)
   answer = " ".join(_untag(example.answers[0] if example.answers else "").split())
-  steps = analysis_steps(example, numbering, max_fact_chars)
+  steps = analysis_steps(example, numbering, max_fact_chars, style)
   analysis = _untag(" ".join(steps + [f"So the answer is {answer}."]))
   ids = ", ".join(str(n) for n in numbering.gold)
   return (f"<relevance>[{ids}]</relevance>\n<analysis>{analysis}</analysis>\n"

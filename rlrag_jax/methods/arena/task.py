@@ -41,7 +41,7 @@ class ArenaTask:
     return self.tokenizer(self.prompt_text(ex), add_special_tokens=False)["input_ids"]
 
   def sft_target(self, ex) -> str:
-    return sft.gold_completion(ex)
+    return sft.gold_completion(ex, style=self.config.data.analysis_style)
 
   def sft_target_ids(self, ex) -> list:
     eos = self.tokenizer.eos_token_id
