@@ -110,6 +110,8 @@ def main(argv=None):
                   help="while: lax.while_loop with early exit; scan: fixed-trip fori_loop")
   ap.add_argument("--module-decode", action="store_true",
                   help="decode with DecoderLM.apply instead of the packed decode step")
+  ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                  help="weights and compute dtype of BOTH implementations")
   ap.add_argument("--repeats", type=int, default=3)
   ap.add_argument("--no-reference", action="store_true", help="time only our sampler")
   args = ap.parse_args(argv)
@@ -120,12 +122,14 @@ def main(argv=None):
   print(f"jax {jax.__version__} ({jax.default_backend()}), torch {torch.__version__} "
         f"({torch.get_num_threads()} threads); batch {args.batch}, {args.new_tokens} new tokens, "
         f"prompts {args.prompt_min}-{args.prompt_max} tokens, mode {args.mode} {_settings(args)}, "
-        f"loop {args.loop}; load average {os.getloadavg()[0]:.2f}")
+        f"loop {args.loop}, {args.dtype}; load average {os.getloadavg()[0]:.2f}")
   rows = []
   for size in args.sizes.split(","):
     with tempfile.TemporaryDirectory(prefix=f"bench_{size}_") as tmp:
       model = build_checkpoint(size, tmp)
-      lm = load_hf(tmp)
+      lm = load_hf(tmp, dtype=args.dtype)
+    if args.dtype == "bfloat16":
+      model = model.to(torch.bfloat16)
     n_params = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(lm.params))
     prompts = make_prompts(args.batch, args.prompt_min, args.prompt_max, lm.config.vocab_size)
     toks = args.batch * args.new_tokens
