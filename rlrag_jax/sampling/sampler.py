@@ -17,6 +17,10 @@ loop exits as soon as every row has hit EOS / a stop / its own length limit, whi
 decode steps whenever rows finish early. `bench/sampling.py --loop scan` measures the fixed-trip
 variant for comparison.
 
+Inside the loop the decode step is `fast_decode.decode_step` (the same math as `DecoderLM` with
+q/k/v and gate/up packed into single matmuls and a transpose-free attention over the cache);
+`packed_decode=False` uses `DecoderLM.apply` instead.
+
 Conventions. Prompts are left-padded to a bucketed length (see `bucket_length`) so that similar
 batches share one compiled program; every row writes into the same cache slot each step and
 `cache['mask']` marks its real tokens. Rows that are done keep computing (their outputs are

@@ -215,9 +215,10 @@ def test_prefill_and_decode_blocks_match_generate(tiny_qwen):
   toks = np.stack(toks, 1)
   for i, p in enumerate(prompts):
     assert toks[i].tolist() == _hf_greedy(ref, p, 5, eos=None)
-  gen = generate_with_params(cfg, lm.params, prompts, max_new_tokens=5, temperature=0.0,
-                             eos_ids=(), rng=0)
-  np.testing.assert_array_equal(gen.tokens, toks)
+  for packed in (True, False):   # the loop's packed decode step and DecoderLM.apply
+    gen = generate_with_params(cfg, lm.params, prompts, max_new_tokens=5, temperature=0.0,
+                               eos_ids=(), rng=0, packed_decode=packed)
+    np.testing.assert_array_equal(gen.tokens, toks)
 
 
 def test_bucket_length_and_left_pad():
