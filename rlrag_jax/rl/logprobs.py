@@ -47,9 +47,20 @@ def shift_logprobs(logits: Array, input_ids: Array, with_entropy: bool = False,
   Position t gets the score of `input_ids[:, t]` under `logits[:, t - 1]`; position 0 gets 0.
   Entropy at t is that of the distribution that predicted slot t (0 at t = 0).
   """
+  return predicted_logprobs(logits[:, :-1], input_ids, with_entropy=with_entropy,
+                             temperature=temperature)
+
+
+def predicted_logprobs(pred: Array, input_ids: Array, with_entropy: bool = False,
+                       temperature: float = 1.0):
+  """Like `shift_logprobs`, from the logits of positions 0..T-2 only: pred [B, T-1, V].
+
+  A model that projects only those positions onto the vocabulary skips the slice of the full
+  [B, T, V] logits, and with it a full-size copy in the backward pass (the slice's transpose
+  pads the logits gradient back to T columns before the head's weight gradient).
+  """
   if temperature != 1.0:
-    logits = logits.astype(jnp.float32) / temperature
-  pred = logits[:, :-1]                                                      # [B, T-1, V]
+    pred = pred.astype(jnp.float32) / temperature
   lp = token_logprobs(pred, input_ids[:, 1:])                                # [B, T-1]
   lp = jnp.pad(lp, ((0, 0), (1, 0)))
   if not with_entropy:
