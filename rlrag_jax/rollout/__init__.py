@@ -1,4 +1,5 @@
 """Turning a policy + an environment into trajectories (single turn, tool loop)."""
-from rlrag_jax.rollout.tool_loop import (Observation, ToolLoopResult, Turn, run_tool_loop)
+from rlrag_jax.rollout.tool_loop import (Observation, ToolLoopResult, Turn, run_tool_loop,
+                                         truncate_observation)
 
-__all__ = ["Observation", "ToolLoopResult", "Turn", "run_tool_loop"]
+__all__ = ["Observation", "ToolLoopResult", "Turn", "run_tool_loop", "truncate_observation"]

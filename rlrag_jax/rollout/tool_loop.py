@@ -101,6 +101,15 @@ def _as_observation(obs, row: int) -> Optional[Observation]:
                   "expected None, a str or an Observation")
 
 
+def truncate_observation(body: list, tail: list, limit: int) -> tuple:
+  """(ids, cut): body + tail cut to `limit` tokens, the tail kept whole when it fits."""
+  ids = list(body) + list(tail)
+  if len(ids) <= limit:
+    return ids, False
+  keep_tail = list(tail) if len(tail) <= limit else []
+  return list(body)[:limit - len(keep_tail)] + keep_tail, True
+
+
 def _encode(tokenizer, texts: list) -> list:
   if not texts:
     return []
@@ -193,11 +202,7 @@ def run_tool_loop(policy, prompts: Sequence[Sequence[int]], env, *, rng, tokeniz
         body, tail = bodies[k], (tails[k] if o.tail else [])
         k += 1
         limit = min(max_obs_tokens, max_total_len - len(prompts[i]) - len(comp[i]))
-        ids = body + tail
-        cut = len(ids) > limit
-        if cut:
-          keep_tail = tail if len(tail) <= limit else []
-          ids = body[:limit - len(keep_tail)] + keep_tail
+        ids, cut = truncate_observation(body, tail, limit)
         comp[i] += ids
         mask[i] += [0] * len(ids)
         calls[i] += 1

@@ -1,0 +1,437 @@
+"""Learning When to Search glue for the shared trainer: prompts, SFT targets, tool rollouts, rewards.
+
+Rollouts. `rollout` runs `rollout.run_tool_loop` with a `SearchEnv`: when a turn ends at
+'</search>', the query between the last <search> and </search> is embedded with the shared encoder
+(MiniLM), the top `tool.top_k` passages come back from the Retriever as
+`<information>Doc 1 (Title: …) …</information>` (loss mask 0, at most `tool.max_obs_tokens`
+tokens, the closing tag always kept), and generation goes on; at most `tool.max_turns` searches
+and `tool.max_total_len` prompt + completion tokens per episode. Every turn's query and
+retrieved ids are in `Episode.info`.
+
+Rewards. `reward(episode, step)` is `methods.search.reward` (format + search + answer) with the
+stage chosen from the trainer's global step: RL step = step - sft.steps, stage 2 from RL step
+`reward.stage2_step` on (<= 0: stage 1 throughout). Query embeddings for r_s come from the same
+encoder (cached, so the rollout's own embeddings are reused). Correctness: `reward.match`
+('em' | 'f1' with `reward.f1_threshold`), or the shared LLM judge when `reward.judge_url` is set.
+
+SFT mix (warm-up targets; see `sft_target_ids`):
+  * structure B for every training example: think, one keyword search per gold step that reads a
+    passage (reasoning-only steps, e.g. the world's final comparison, are not searched), the
+    retriever's real top-k for that query as the observation, "Found <sub-answer>." reflections,
+    answer. The observation tokens are masked out of the SFT loss as they are out of the RL loss.
+  * structure A (think, reflect, answer; no search) instead, for the examples the model "could
+    answer directly": every fact on the example's gold path occurs in at least
+    `sft.direct_min_seen` OTHER training examples, i.e. the warm-up itself shows the model those
+    facts repeatedly (with the default 3 that is ~12% of the embedded world's training set).
+    Facts are (head, relation) pairs from the world's question programs, else the gold
+    queries. 0 turns structure A off.
+  A from-scratch model knows nothing but what training shows it, so this is the only honest
+  notion of "its own knowledge" here; with an instruct LLM (':paper') SFT is off and the
+  policy's own knowledge decides.
+
+Reference pipelines (`rollout(..., pipeline=...)`, used by `experiments.search_baselines`):
+  'no_retrieval' forces the opening "<think>I know this.</think>" and allows no search;
+  'naive_rag' forces one search for the question itself with its top `eval.naive_k` passages,
+  then lets the model reflect and answer, with no further search.
+"""
+from __future__ import annotations
+
+import collections
+import hashlib
+import json
+import logging
+import pathlib
+from typing import Optional, Sequence
+
+import numpy as np
+
+from rlrag_jax import metrics
+from rlrag_jax.data import sources
+from rlrag_jax.methods.search import parsing, prompts, rewards
+from rlrag_jax.rollout import Observation, run_tool_loop, truncate_observation
+from rlrag_jax.tasks import Episode
+
+log = logging.getLogger("rlrag_jax.search")
+
+SPECIAL_TOKENS = ("<think>", "</think>", "<search>", "</search>", "<information>",
+                  "</information>", "<reflect>", "</reflect>", "<answer>", "</answer>")
+COMPACT_TEMPLATE = "Question: {question}\n"
+PIPELINES = ("agent", "no_retrieval", "naive_rag")
+
+
+class SearchEnv:
+  """The rollout's tool: query of the turn -> top-k passages as an <information> block."""
+
+  def __init__(self, task: "SearchTask", k: int):
+    self.task = task
+    self.k = int(k)
+
+  def batch(self, rows, turn_texts, completions) -> list:
+    del rows, turn_texts
+    queries = [prompts.extract_query(c) for c in completions]
+    asked = [q for q in queries if q]
+    hits = iter(self.task.retrieve(asked, self.k))
+    out = []
+    for q in queries:
+      if not q:
+        out.append(None)            # '</search>' without a usable query ends the episode
+        continue
+      h = next(hits)
+      out.append(Observation(prompts.OBS_OPEN + prompts.format_observation(h), tail=prompts.OBS_CLOSE,
+                             info={"query": q, "ids": [x.id for x in h]}))
+    return out
+
+
+class SearchTask:
+  name = "search"
+
+  def __init__(self, config, *, encoder=None):
+    """`encoder` (anything with .encode(texts, batch_size) -> unit rows, .dim, .id) replaces
+    the packaged MiniLM, e.g. in tests."""
+    self.config = config
+    sel = sources.select(config.data, seed=config.seed)
+    self.train, self.eval = _split(sel, config.data)
+    self.sft_steps = int(config.sft.steps)
+    self.stage2_step = int(config.reward.stage2_step)
+    self.corpus = _corpus(config, sel)
+    self.tokenizer = _tokenizer(config, self)
+    self.use_chat = bool(config.model.chat_template and
+                         getattr(self.tokenizer, "chat_template", None))
+    self._emb_cache = {}
+    self._gold = {}
+    self._direct = _direct_ids(self.train, int(config.sft.direct_min_seen))
+    self._judge = _judge(config.reward)
+    self.encoder, self.retriever, self._index_dir = _retriever(config, self.corpus, encoder)
+    if self.train:
+      log.info("search: %d train / %d eval examples, %d passages; structure-A SFT targets for "
+               "%d train examples (%.1f%%)", len(self.train), len(self.eval), len(self.retriever),
+               len(self._direct), 100 * len(self._direct) / len(self.train))
+
+  # ---------------------------------------------------------------- retrieval
+  def embed(self, queries: Sequence[str]) -> np.ndarray:
+    """Query embeddings [n, d] from the shared encoder (cached by query text)."""
+    todo = sorted({q for q in queries if q not in self._emb_cache})
+    if todo:
+      if len(self._emb_cache) > 200_000:
+        self._emb_cache.clear()
+      for q, e in zip(todo, self.encoder.encode(todo, batch_size=64)):
+        self._emb_cache[q] = e
+    if not queries:
+      return np.zeros((0, self.encoder.dim), np.float32)
+    return np.stack([self._emb_cache[q] for q in queries])
+
+  def retrieve(self, queries: Sequence[str], k: int) -> list:
+    """Per query a list of k `Hit`s."""
+    if not queries:
+      return []
+    return self.retriever.search_embeddings(self.embed(list(queries)), k)
+
+  # ---------------------------------------------------------------- prompts
+  def prompt_text(self, ex) -> str:
+    if self.config.data.prompt_style == "compact":
+      return COMPACT_TEMPLATE.format(question=" ".join(str(ex.question).split()))
+    return prompts.build_prompt(ex.question)
+
+  def prompt_ids(self, ex) -> list:
+    if self.use_chat:
+      from rlrag_jax.models import encode_prompt
+      return encode_prompt(self.tokenizer, [{"role": "user",
+                                             "content": prompts.build_prompt(ex.question)}])
+    return self.tokenizer(self.prompt_text(ex), add_special_tokens=False)["input_ids"]
+
+  # ---------------------------------------------------------------- SFT targets
+  def is_direct(self, ex) -> bool:
+    """Whether the SFT target of `ex` is structure A (see the module docstring)."""
+    return ex.id in self._direct
+
+  def sft_pieces(self, ex) -> list:
+    """The gold completion of `ex` as [(text, written_by_model)] pieces."""
+    if self.is_direct(ex):
+      return [(prompts.gold_trajectory_direct(ex), True)]
+    if ex.id not in self._gold:
+      self._prepare_gold([ex] + [e for e in self.train if e.id not in self._gold])
+    return self._gold[ex.id]
+
+  def _prepare_gold(self, examples):
+    """Gold structure-B pieces with real retrieval, for many examples at once (one batched
+    encoder pass over their distinct queries)."""
+    examples = [e for e in examples if not self.is_direct(e)]
+    wanted = sorted({q for e in examples for q in prompts.gold_queries(e) if q})
+    k = int(self.config.tool.top_k)
+    cache = self._index_dir / f"gold_hits_top{k}.json"
+    known = json.loads(cache.read_text()) if cache.exists() else {}
+    todo = [q for q in wanted if q not in known]
+    if todo:
+      for q, h in zip(todo, self.retrieve(todo, k)):
+        known[q] = [x.id for x in h]
+      cache.write_text(json.dumps(known))
+    rec = self.retriever.records
+    row = {r.id: r for r in rec}
+    hits = {q: [row[i] for i in known[q]] for q in wanted}
+    for e in examples:
+      self._gold[e.id] = prompts.gold_pieces(e, lambda q: prompts.format_observation(hits[q]))
+
+  def sft_target(self, ex) -> str:
+    """The SFT target text (observations cut as the rollout cuts them)."""
+    return self.tokenizer.decode(self._encode_pieces(self.sft_pieces(ex))[0])
+
+  def _encode_pieces(self, pieces, max_obs_tokens: Optional[int] = None) -> tuple:
+    """(ids, loss mask) of [(text, written_by_model)] pieces, tokenized piece by piece as the
+    rollout does; a system piece followed by another one is an observation body + tail, cut
+    to `max_obs_tokens` (default `tool.max_obs_tokens`) as the rollout cuts it."""
+    enc = lambda text: self.tokenizer(text, add_special_tokens=False)["input_ids"]
+    limit = int(self.config.tool.max_obs_tokens if max_obs_tokens is None else max_obs_tokens)
+    ids, mask, i = [], [], 0
+    while i < len(pieces):
+      text, by_model = pieces[i]
+      if by_model:
+        t = enc(text)
+      else:
+        tail = pieces[i + 1][0] if i + 1 < len(pieces) and not pieces[i + 1][1] else ""
+        t, _ = truncate_observation(enc(text), enc(tail) if tail else [], limit)
+        i += 1 if tail else 0
+      ids += t
+      mask += [int(by_model)] * len(t)
+      i += 1
+    return ids, mask
+
+  def sft_target_ids(self, ex) -> list:
+    ids, _ = self._encode_pieces(self.sft_pieces(ex))
+    return ids + self._eos()
+
+  def sft_loss_mask(self, ex) -> list:
+    _, mask = self._encode_pieces(self.sft_pieces(ex))
+    return mask + [1] * len(self._eos())
+
+  def _eos(self) -> list:
+    eos = self.tokenizer.eos_token_id
+    return [eos] if eos is not None else []
+
+  # ---------------------------------------------------------------- rollouts
+  def decode(self, ids: Sequence[int]) -> str:
+    return self.tokenizer.decode(list(ids), skip_special_tokens=True).strip()
+
+  def rollout(self, policy, examples, rng, *, group_size: int = 1, greedy: bool = False,
+              pipeline: str = "agent") -> list:
+    """Tool-loop episodes, group-major (example i's samples at [i*G, (i+1)*G))."""
+    if pipeline not in PIPELINES:
+      raise ValueError(f"SearchTask.rollout: pipeline {pipeline!r}; expected one of {PIPELINES}")
+    tool = self.config.tool
+    examples = list(examples)
+    prefixes = self._prefixes(examples, pipeline)
+    prompt_rows, prefix_rows = [], []
+    for ex, pre in zip(examples, prefixes):
+      p = self.prompt_ids(ex)
+      prompt_rows += [p] * group_size
+      prefix_rows += [pre] * group_size
+    out = run_tool_loop(
+        policy, [p + pre[0] for p, pre in zip(prompt_rows, prefix_rows)],
+        SearchEnv(self, tool.top_k), rng=rng, tokenizer=self.tokenizer,
+        max_turns=tool.max_turns if pipeline == "agent" else 0,
+        max_obs_tokens=tool.max_obs_tokens, max_total_len=tool.max_total_len,
+        stop=prompts.STOP_STRINGS, greedy=greedy, min_batch=tool.min_batch,
+        context_bucket=tool.context_bucket)
+    episodes = []
+    for row, (p, pre) in enumerate(zip(prompt_rows, prefix_rows)):
+      comp = pre[0] + out.completion_ids[row]
+      mask = pre[1] + out.loss_mask[row]
+      turns = out.turns[row]
+      episodes.append(Episode(
+          example=examples[row // group_size], prompt_ids=p, completion_ids=comp, loss_mask=mask,
+          text=self.decode(comp),
+          info={"pipeline": pipeline, "turns": turns, "finish": out.finish_reason[row],
+                "tool_calls": out.num_tool_calls[row],
+                "queries": [t.info["query"] for t in turns if "query" in t.info],
+                "retrieved": [t.info["ids"] for t in turns if "ids" in t.info]}))
+    return episodes
+
+  def _prefixes(self, examples, pipeline) -> list:
+    """Per example (ids, loss mask) forced at the start of the completion."""
+    if pipeline == "agent":
+      return [([], [])] * len(examples)
+    if pipeline == "no_retrieval":
+      pre = self._encode_pieces([(prompts.DIRECT_THINK, True)])
+      return [(pre[0], [0] * len(pre[0]))] * len(examples)
+    hits = self.retrieve([ex.question for ex in examples], int(self.config.eval.naive_k))
+    out = []
+    for ex, h in zip(examples, hits):       # all k documents, within half the total budget
+      ids, _ = self._encode_pieces(
+          prompts.naive_rag_pieces(ex.question, prompts.format_observation(h)),
+          max_obs_tokens=int(self.config.tool.max_total_len) // 2)
+      out.append((ids, [0] * len(ids)))
+    return out
+
+  # ---------------------------------------------------------------- rewards and metrics
+  def stage(self, step: int) -> int:
+    """Reward stage at the trainer's global `step` (see the module docstring)."""
+    rl_step = int(step) - self.sft_steps
+    return 2 if 0 < self.stage2_step <= rl_step else 1
+
+  def _score(self, episode, stage: int) -> rewards.Score:
+    r = self.config.reward
+    judge = None
+    if self._judge is not None:
+      question = episode.example.question
+      judge = lambda pred, answers: self._judge(question, pred, answers)
+    return rewards.score(episode.text, episode.example.answers, queries_embeddings=self.embed,
+                         stage=stage, beta=float(r.beta), match=r.match,
+                         f1_threshold=float(r.f1_threshold), judge=judge,
+                         max_query_words=int(r.max_query_words))
+
+  def reward(self, episode, step: int = 0) -> dict:
+    stage = self.stage(step)
+    out = self._score(episode, stage).as_dict()
+    out["stage"] = float(stage)
+    return out
+
+  def eval_metrics(self, episode) -> dict:
+    """em, f1, accuracy (the reward's correctness), rc (search calls), format (valid A or B),
+    direct (share of structure A), both stages' total rewards, and the prediction."""
+    s = self._score(episode, 1)
+    answer = s.parsed.answer or ""
+    ex = episode.example
+    return {"em": metrics.exact_match(answer, ex.answers), "f1": metrics.f1(answer, ex.answers),
+            "accuracy": float(s.correct), "rc": float(s.retrieval_count),
+            "format": float(s.parsed.valid), "direct": float(s.parsed.structure == "A"),
+            "reward_stage1": s.total, "reward_stage2": self._score(episode, 2).total,
+            "prediction": answer}
+
+  # ---------------------------------------------------------------- tokenizer data, report
+  def tokenizer_texts(self):
+    """Texts a from-scratch tokenizer is trained on: passages, prompts and gold replies."""
+    for i in range(0, len(self.corpus), 2):       # passages as observations show them
+      yield prompts.observation_block(prompts.format_observation(self.corpus[i:i + 2]))
+    for ex in list(self.train) + list(self.eval):
+      yield self.prompt_text(ex)
+    for ex in self.train:
+      yield prompts.gold_trajectory(ex, lambda q: "")
+      yield prompts.gold_trajectory_direct(ex)
+    yield prompts.PROMPT
+
+  def report(self, workdir, rlog) -> None:
+    """Accuracy-vs-RC curves across training and, with `eval.baselines`, the agent against the
+    two reference pipelines on the held-out examples (see experiments.search_baselines)."""
+    from rlrag_jax.experiments import search_baselines
+    search_baselines.write_report(self, workdir, rlog)
+
+
+# -------------------------------------------------------------------------------- helpers
+def _split(sel, data_cfg) -> tuple:
+  """(train, eval): with `data.train_frac` < 1 the eval examples are the held-out tail of the
+  (seeded, shuffled) training selection, e.g. the paper's 80/20 split of 2Wiki train."""
+  frac = float(getattr(data_cfg, "train_frac", 1.0) or 1.0)
+  if frac >= 1.0:
+    return list(sel.train), list(sel.eval)
+  if not 0 < frac < 1:
+    raise ValueError(f"config key 'data.train_frac' is {frac}; expected a fraction in (0, 1]")
+  cut = int(round(len(sel.train) * frac))
+  held = list(sel.train[cut:])
+  if data_cfg.max_eval:
+    held = held[:data_cfg.max_eval]
+  return list(sel.train[:cut]), held
+
+
+def _fact_keys(ex) -> list:
+  """The facts on an example's gold path: (head, relation) from a world question program, else
+  its searched gold queries."""
+  program = (ex.meta or {}).get("program")
+  if program:
+    keys = []
+    for op in program:
+      if op.get("op") != "hop":
+        continue
+      head = str(op["head"])
+      if head.startswith("#") and head[1:].isdigit():
+        k = int(head[1:])
+        head = ex.decomposition[k - 1].answer if 0 < k <= len(ex.decomposition) else head
+      keys.append((head, op["relation"]))
+    return keys
+  try:
+    return [("query", q) for q in prompts.gold_queries(ex) if q]
+  except ValueError:
+    return []
+
+
+def _direct_ids(train, min_seen: int) -> frozenset:
+  """Ids of training examples whose every fact occurs in >= min_seen other training examples."""
+  if min_seen <= 0:
+    return frozenset()
+  facts = {ex.id: set(_fact_keys(ex)) for ex in train}
+  count = collections.Counter(f for fs in facts.values() for f in fs)
+  return frozenset(i for i, fs in facts.items()
+                   if fs and all(count[f] - 1 >= min_seen for f in fs))
+
+
+def _judge(reward_cfg):
+  url = getattr(reward_cfg, "judge_url", "") or ""
+  if not url:
+    return None
+  from rlrag_jax.judge import OpenAIJudge
+  return OpenAIJudge(url, reward_cfg.judge_model)
+
+
+def _corpus(config, sel) -> list:
+  """Retrieval corpus: `retrieval.corpus` (a name in loaders.CORPORA or a JSONL path), else the
+  selection's own corpus (the world), else the deduplicated contexts of every example."""
+  from rlrag_jax.data.schema import CorpusRecord
+  name = config.retrieval.corpus
+  if name:
+    from rlrag_jax.data import loaders
+    return loaders.load_corpus(name)
+  if sel.corpus:
+    return list(sel.corpus)
+  seen, out = set(), []
+  for ex in list(sel.train) + list(sel.eval):
+    for c in ex.contexts:
+      key = (c.title, c.text)
+      if key not in seen:
+        seen.add(key)
+        out.append(CorpusRecord(id=f"p{len(out)}", title=c.title, text=c.text))
+  if not out:
+    raise ValueError("search task: no retrieval corpus: set config key 'retrieval.corpus' (the "
+                     "examples carry no contexts to build one from)")
+  return out
+
+
+def _retriever(config, corpus, encoder=None):
+  """(encoder, Retriever, index folder), the index cached under `retrieval.cache_dir` (default
+  <workdir>/retriever) by a fingerprint of the corpus and the encoder."""
+  from rlrag_jax.retrieval import Encoder, Retriever
+  rc = config.retrieval
+  if encoder is None:
+    encoder = Encoder.from_pretrained(rc.encoder_path or None)
+  h = hashlib.sha1(encoder.id.encode())
+  h.update(rc.backend.encode())
+  for r in corpus:
+    h.update(f"{r.id}\x00{r.title}\x00{r.text}\x01".encode())
+  cache = pathlib.Path(rc.cache_dir or pathlib.Path(config.workdir) / "retriever").expanduser()
+  folder = cache / f"index-{h.hexdigest()[:16]}"
+  if (folder / "manifest.json").exists():
+    return encoder, Retriever.load(folder, encoder), folder
+  log.info("search: encoding %d passages for the %s index (cached in %s)", len(corpus),
+           rc.backend, folder)
+  retriever = Retriever.build(corpus, encoder, backend=rc.backend, batch_size=128)
+  retriever.save(folder)
+  (folder / "built_by.json").write_text(json.dumps({"corpus": rc.corpus or "selection",
+                                                    "n": len(corpus)}))
+  return encoder, retriever, folder
+
+
+def _tokenizer(config, task):
+  if config.model.init == "hf":
+    from rlrag_jax.models.hf_io import load_tokenizer
+    tok = load_tokenizer(config.model.path)
+    if tok is None:
+      raise ValueError(f"config key 'model.path' ({config.model.path}) has no tokenizer files")
+    return tok
+  from rlrag_jax.data.tokenizer import train_tokenizer
+  out = pathlib.Path(config.workdir) / "tokenizer"
+  if (out / "tokenizer.json").exists():
+    import transformers
+    return transformers.AutoTokenizer.from_pretrained(str(out), local_files_only=True)
+  return train_tokenizer(task.tokenizer_texts(), vocab_size=config.model.vocab_size,
+                         special_tokens=SPECIAL_TOKENS, out_dir=str(out))
+
+
+def make_task(config) -> SearchTask:
+  return SearchTask(config)

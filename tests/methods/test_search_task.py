@@ -1,0 +1,306 @@
+"""Search task glue: SFT targets and masks, the retriever environment, rewards with the stage
+switch, and the reference pipelines; on a small world with a bag-of-words hashing encoder (so
+retrieval is checked against plain numpy search) and scripted or tiny random policies."""
+import dataclasses
+import pathlib
+import re
+import sys
+import zlib
+
+import jax
+import numpy as np
+import pytest
+
+from rlrag_jax.methods import search
+from rlrag_jax.methods.search import conciseness, prompts
+from rlrag_jax.methods.search import task as task_lib
+from rlrag_jax.sampling import Generation
+from rlrag_jax.tasks import Episode
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "configs"))
+import search as search_config  # noqa: E402  (configs/search.py)
+
+SMALL_WORLD = dict(seed=0, num_countries=6, num_cities=20, num_people=80, num_orgs=30,
+                   num_films=40, num_books=40, num_questions=80)
+
+
+class HashEncoder:
+  """Unit-norm sum of per-word random vectors (seeded by crc32 of the word)."""
+  dim = 32
+  id = "hash-bow@test"
+
+  def vector(self, text):
+    v = np.zeros(self.dim)
+    for w in conciseness.words(text):
+      v += np.random.default_rng(zlib.crc32(w.encode())).standard_normal(self.dim)
+    n = np.linalg.norm(v)
+    return v / n if n else v
+
+  def encode(self, texts, batch_size=64):
+    del batch_size
+    return np.asarray([self.vector(t) for t in texts], np.float32).reshape(-1, self.dim)
+
+
+def _config(tmp, **tool):
+  c = search_config.get_config("")
+  c.workdir = str(tmp)
+  c.data.world = dict(SMALL_WORLD)
+  c.data.max_eval = 8
+  c.model.vocab_size = 600
+  c.sft.steps = 10
+  c.reward.stage2_step = 3
+  c.sft.direct_min_seen = 1
+  c.tool.max_total_len = 1200          # room for naive RAG's five documents (small vocab)
+  c.tool.update(tool)
+  return c
+
+
+@pytest.fixture(scope="module")
+def task(tmp_path_factory):
+  return task_lib.SearchTask(_config(tmp_path_factory.mktemp("search")), encoder=HashEncoder())
+
+
+def _numpy_top(task, query, k):
+  """Ids of the exact top-k passages for `query`, by numpy over the encoder's vectors."""
+  enc = task.encoder
+  q = enc.vector(query)
+  docs = np.stack([enc.vector(f"{r.title}\n{r.text}" if r.title else r.text)
+                   for r in task.corpus])
+  order = np.argsort(-(docs @ q), kind="stable")[:k]
+  return [task.corpus[i].id for i in order]
+
+
+def _titles(information):
+  return re.findall(r"^Doc \d+ \(Title: (.*?)\) ", information, flags=re.M)
+
+
+def _titles_of(task, ids):
+  by_id = {r.id: r.title for r in task.corpus}
+  return [by_id[i] for i in ids]
+
+
+# ---------------------------------------------------------------- SFT targets
+def test_sft_target_mask_is_zero_exactly_on_observations(task):
+  ex = next(e for e in task.train if not task.is_direct(e) and len(e.decomposition) >= 2)
+  ids, mask = task.sft_target_ids(ex), task.sft_loss_mask(ex)
+  assert len(ids) == len(mask) and ids[-1] == task.tokenizer.eos_token_id and mask[-1] == 1
+  tok = task.tokenizer
+  assert tok.decode(ids[:-1]) == task.sft_target(ex)
+  # the masked tokens spell exactly the observation blocks, the others the model's text
+  masked = tok.decode([t for t, m in zip(ids, mask) if m == 0])
+  p = search.parse(task.sft_target(ex))
+  assert masked == "".join(prompts.observation_block(o) for o in p.information)
+  assert p.structure == "B" and all(conciseness.is_concise(q) for q in p.queries)
+  # one search per step with gold passages; observations are the retriever's top-k
+  assert p.retrieval_count == sum(bool(s.gold_ids) for s in ex.decomposition)
+  for q, info in zip(p.queries, p.information):
+    assert _titles(info) == _titles_of(task, _numpy_top(task, q, task.config.tool.top_k))
+
+
+def test_comparison_gold_skips_the_reasoning_step(task):
+  ex = next(e for e in task.train if e.kind == "comparison" and not task.is_direct(e))
+  p = search.parse(task.sft_target(ex))
+  assert len(ex.decomposition) == p.retrieval_count + 1 and not ex.decomposition[-1].gold_ids
+  assert p.answer == ex.answers[0]
+
+
+def test_structure_a_for_examples_whose_facts_recur():
+  from rlrag_jax.data.schema import Example, Step
+  def ex(i, facts):
+    prog = [{"op": "hop", "head": h, "relation": r} for h, r in facts]
+    steps = [Step(f"{r} of {h}?", "x", ["p"]) for h, r in facts]
+    return Example(id=str(i), question="q", answers=["x"], decomposition=steps,
+                   meta={"program": prog})
+  train = [ex(0, [("A", "r"), ("B", "s")]), ex(1, [("A", "r")]), ex(2, [("A", "r"), ("B", "s")]),
+           ex(3, [("C", "t")])]
+  # (A, r) occurs in 3 examples, (B, s) in 2, (C, t) in 1
+  assert task_lib._direct_ids(train, 1) == {"0", "1", "2"}
+  assert task_lib._direct_ids(train, 2) == {"1"}
+  assert task_lib._direct_ids(train, 0) == frozenset()
+
+
+def test_direct_targets_are_structure_a(task):
+  direct = [e for e in task.train if task.is_direct(e)]
+  assert direct, "the small world should have some recurring facts"
+  e = direct[0]
+  assert search.parse(task.sft_target(e)).structure == "A"
+  assert set(task.sft_loss_mask(e)) == {1}
+
+
+# ---------------------------------------------------------------- environment and rollout
+@dataclasses.dataclass
+class ScriptedPolicy:
+  """Writes the given model pieces of each row, one per turn (tokenized like SFT targets)."""
+  turns: list                      # per row: list of token lists
+  max_new_tokens: int = 200
+  seen: list = dataclasses.field(default_factory=list)
+
+  def sample(self, prompt_ids, rng, *, greedy=False, max_new_tokens=None, stop=(),
+             max_new_tokens_per_row=None, batch_multiple=1, prompt_length=None):
+    rows = [self.row_of(p) for p in prompt_ids]
+    self.seen.append(rows)
+    n = max_new_tokens
+    out = np.zeros((len(rows), n), np.int32)
+    lengths, reasons = [], []
+    for j, r in enumerate(rows):
+      k = (sum(r in s for s in self.seen) - 1) % len(self.turns[r])
+      seg = self.turns[r][k]
+      out[j, :len(seg)] = seg
+      lengths.append(len(seg))
+      reasons.append("stop" if k < len(self.turns[r]) - 1 else "eos")
+    lengths = np.asarray(lengths, np.int32)
+    z = np.zeros(out.shape, np.float32)
+    return Generation(out, z, z, lengths, (np.arange(n) < lengths[:, None]).astype(np.int32),
+                      reasons)
+
+  def row_of(self, ids):
+    return next(i for i, p in enumerate(self.prompts) if ids[:len(p)] == p)
+
+
+def _gold_turns(task, ex):
+  """The model pieces of the gold trajectory, token ids, split where the rollout stops."""
+  turns = [task.tokenizer(t, add_special_tokens=False)["input_ids"]
+           for t, by_model in task.sft_pieces(ex) if by_model]
+  turns[-1] = turns[-1] + [task.tokenizer.eos_token_id]
+  return turns
+
+
+def test_rollout_replays_gold_trajectories_with_the_retriever(task):
+  exs = [e for e in task.train if not task.is_direct(e)][:3]
+  policy = ScriptedPolicy([_gold_turns(task, e) for e in exs])
+  policy.prompts = [task.prompt_ids(e) for e in exs]
+  eps = task.rollout(policy, exs, jax.random.PRNGKey(0), group_size=1)
+  for ex, ep in zip(exs, eps):
+    assert ep.text == task.sft_target(ex)                     # the env returned the gold obs
+    assert ep.completion_ids == task.sft_target_ids(ex)       # token for token
+    assert ep.loss_mask == task.sft_loss_mask(ex)
+    queries = search.parse(ep.text).queries
+    assert ep.info["queries"] == queries
+    assert ep.info["retrieved"] == [_numpy_top(task, q, task.config.tool.top_k)
+                                    for q in queries]
+    assert ep.info["finish"] == "eos" and ep.info["tool_calls"] == len(queries)
+  # rows finished at different turns: the shortest one left the batch first
+  n_turns = [len(_gold_turns(task, e)) for e in exs]
+  assert [len(s) for s in policy.seen] == [sum(n > t for n in n_turns)
+                                           for t in range(max(n_turns))]
+
+
+def test_env_returns_none_for_a_missing_query(task):
+  env = task_lib.SearchEnv(task, 2)
+  out = env.batch([0, 1, 2], ["", "", ""], ["<think>x</think><search> </search>",
+                                            "<think>x</think><search>Venistan capital</search>",
+                                            "no tags</search>"])
+  assert out[0] is None and out[2] is None
+  assert out[1].info == {"query": "Venistan capital",
+                         "ids": _numpy_top(task, "Venistan capital", 2)}
+  assert out[1].text.startswith("\n\n<information>Doc 1 (Title: ")
+  assert out[1].tail == "</information>\n\n"
+
+
+# ---------------------------------------------------------------- rewards
+def _episode(task, text, ex=None):
+  ex = ex or task.train[0]
+  return Episode(example=ex, prompt_ids=[], completion_ids=[], loss_mask=[], text=text)
+
+
+def test_reward_stage_switch_on_the_global_step(task):
+  ex = task.train[0]
+  ans = ex.answers[0]
+  text = ("<think>t</think>\n<search>alpha beta</search>\n\n<information>d</information>\n\n"
+          "<reflect>r</reflect>\n<search>gamma delta</search>\n\n<information>d</information>"
+          f"\n\n<reflect>r</reflect>\n<answer>{ans}</answer>")
+  enc = task.encoder
+  cos = float(enc.vector("alpha beta") @ enc.vector("gamma delta"))
+  sft = task.config.sft.steps                                   # 10; stage 2 from RL step 3
+  assert [task.stage(s) for s in (sft + 1, sft + 2, sft + 3, sft + 50)] == [1, 1, 2, 2]
+  r1 = task.reward(_episode(task, text, ex), sft + 2)
+  r2 = task.reward(_episode(task, text, ex), sft + 3)
+  assert r1 == pytest.approx({"format": 1.0, "search": -cos, "answer": 1.0,
+                              "total": 2.0 - cos, "retrieval_count": 2, "stage": 1.0}, abs=1e-5)
+  assert r2 == pytest.approx({"format": 1.0, "search": -cos, "answer": 1.0 - 0.6,
+                              "total": 1.4 - cos, "retrieval_count": 2, "stage": 2.0}, abs=1e-5)
+  wrong = text.replace(f"<answer>{ans}</answer>", "<answer>nobody at all</answer>")
+  assert task.reward(_episode(task, wrong, ex), sft + 2)["answer"] == pytest.approx(-1 + 0.6)
+  assert task.reward(_episode(task, wrong, ex), sft + 3)["answer"] == -1.0
+
+
+def test_reward_never_raises_on_malformed_output(task):
+  for text in ["", "</s>", "<search>x", "<think>a</think><answer>", "\x00\xff<search></search>",
+               "<think>t</think>\n<reflect>r</reflect>\n<answer>x</answer> trailing"]:
+    r = task.reward(_episode(task, text), 1)
+    assert r["format"] == -1.0 and np.isfinite(r["total"])
+
+
+def test_eval_metrics(task):
+  ex = task.train[0]
+  text = f"<think>t</think>\n<reflect>r</reflect>\n<answer>{ex.answers[0]}</answer>"
+  m = task.eval_metrics(_episode(task, text, ex))
+  assert (m["em"], m["f1"], m["accuracy"], m["rc"], m["format"], m["direct"]) == (
+      1.0, 1.0, 1.0, 0.0, 1.0, 1.0)
+  assert m["reward_stage1"] == m["reward_stage2"] == 2.0
+
+
+def test_judge_gets_the_question(task, monkeypatch):
+  from rlrag_jax import judge
+  calls = []
+  monkeypatch.setattr(judge.OpenAIJudge, "__call__",
+                      lambda self, q, pred, answers: calls.append((q, pred, answers)) or True)
+  task._judge = judge.OpenAIJudge("http://localhost:1/v1", "m")
+  try:
+    ex = task.train[0]
+    r = task.reward(_episode(task, "<think>t</think>\n<reflect>r</reflect>\n<answer>zz</answer>",
+                             ex), 1)
+  finally:
+    task._judge = None
+  assert r["answer"] == 1.0 and calls == [(ex.question, "zz", list(ex.answers))]
+
+
+# ---------------------------------------------------------------- reference pipelines
+def test_pipelines_with_a_scripted_policy(task):
+  from rlrag_jax.experiments import search_baselines
+  exs = task.eval[:4]
+  answer = lambda e: task.tokenizer(f"\n<reflect>r</reflect>\n<answer>{e.answers[0]}</answer>",
+                                    add_special_tokens=False)["input_ids"] + [2]
+  policy = ScriptedPolicy([[answer(e)] for e in exs])
+  policy.prompts = [task.prompt_ids(e) for e in exs]
+  res = search_baselines.evaluate_pipelines(task, policy, exs,
+                                            pipelines=("no_retrieval", "naive_rag"))
+  assert res["no_retrieval"]["world"] == pytest.approx(
+      {"f1": 1.0, "em": 1.0, "accuracy": 1.0, "rc": 0.0, "format": 1.0, "n": 4})
+  assert res["naive_rag"]["world"] == pytest.approx(
+      {"f1": 1.0, "em": 1.0, "accuracy": 1.0, "rc": 1.0, "format": 1.0, "n": 4})
+  # the naive-RAG prefix: the question as the query, its top-5 as the observation, masked
+  ep = task.rollout(policy, exs[:1], jax.random.PRNGKey(0), pipeline="naive_rag")[0]
+  p = search.parse(ep.text)
+  assert p.queries == [" ".join(exs[0].question.split())]
+  assert _titles(p.information[0]) == _titles_of(task, _numpy_top(task, exs[0].question, 5))
+  n_policy = len(answer(exs[0]))
+  assert ep.loss_mask == [0] * (len(ep.loss_mask) - n_policy) + [1] * n_policy
+  assert ep.info["tool_calls"] == 0
+
+
+@pytest.mark.slow
+def test_pipelines_on_a_tiny_random_model(task):
+  """The whole path with the real sampler: every pipeline runs, serves no search beyond what
+  it allows, and its forced prefix is in place and masked."""
+  from rlrag_jax.experiments import search_baselines
+  from rlrag_jax.models import DecoderLM, ModelConfig, init_params
+  from rlrag_jax.rollout.policy import Policy
+  tok = task.tokenizer
+  cfg = ModelConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_layers=1,
+                    num_heads=2, num_kv_heads=1, head_dim=16, max_position_embeddings=1024,
+                    model_type="llama", eos_token_id=(tok.eos_token_id,), pad_token_id=0)
+  policy = Policy(cfg, init_params(DecoderLM(cfg), jax.random.PRNGKey(0)), max_new_tokens=12,
+                  eos_ids=(tok.eos_token_id,))
+  exs = task.eval[:4]
+  res = search_baselines.evaluate_pipelines(task, policy, exs)
+  assert set(res) == {"agent", "no_retrieval", "naive_rag"}
+  for name in res:
+    assert res[name]["world"]["n"] == 4
+  direct = task.rollout(policy, exs, jax.random.PRNGKey(1), greedy=True, pipeline="no_retrieval")
+  naive = task.rollout(policy, exs, jax.random.PRNGKey(1), greedy=True, pipeline="naive_rag")
+  for ep in direct:
+    assert ep.text.startswith(prompts.DIRECT_THINK) and ep.info["tool_calls"] == 0
+  for ep in naive:
+    assert ep.text.startswith(prompts.SEARCH_THINK) and ep.info["tool_calls"] == 0
+    assert search.parse(ep.text).information[:1] and ep.loss_mask[0] == 0
