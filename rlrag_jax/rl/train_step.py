@@ -325,7 +325,8 @@ def make_policy_step(module, opt, mesh: Mesh, loss_cfg: LossConfig = LossConfig(
   loss_cfg.beta > 0; when present with beta = 0 it only feeds the 'kl' metric).
   B must split into `micro_batches` micro-batches, each a multiple of data x fsdp.
 
-  metrics: loss, pg_loss, kl, clip_frac (+ _low / _high), dual_clip_frac, entropy,
+  metrics: loss, pg_loss, kl (the configured estimator; with ref_logp also kl_k1, kl_k2, kl_k3,
+  each estimator's token mean), clip_frac (+ _low / _high), dual_clip_frac, entropy,
   approx_kl_old (k3 between sampling and current policy), tokens, grad_norm, skipped, lr.
   """
   cfg = loss_cfg
@@ -357,6 +358,9 @@ def make_policy_step(module, opt, mesh: Mesh, loss_cfg: LossConfig = LossConfig(
     if "ref_logp" in mb:
       k = kl_fn(logp, mb["ref_logp"], cfg.kl_estimator)
       sums["kl"] = tsum(k)
+      # Every estimator's value too, so runs trained with different estimators compare.
+      for name in sorted(KL_ESTIMATORS):
+        sums[f"kl_{name}"] = tsum(kl_fn(logp, mb["ref_logp"], name))
       if cfg.beta:
         kl_num, _ = aggregation_terms(k, m, cfg.aggregation, cfg.max_completion_len)
         loss = loss + cfg.beta * kl_num / norms["den"]
