@@ -82,6 +82,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.sft.max_len = 512
   c.sft.pack_bucket = 128
   c.sft.direct_min_seen = 3
+  c.sft.observation_loss = False        # also train on the retrieved passages in SFT targets
 
   c.rl = ml_collections.ConfigDict()
   c.rl.algo = "grpo"                    # group advantages; DAPO through the knobs below

@@ -188,8 +188,9 @@ def gold_trajectory_direct(example) -> str:
           f"<answer>{answer}</answer>")
 
 
-def naive_rag_prefix(question: str, observation: str) -> tuple:
-  """(model text, system text) that open a naive-RAG completion: one search for the question
-  itself and its observation; the model continues with <reflect> and <answer>."""
-  return (f"{SEARCH_THINK}\n<search>{' '.join(str(question).split())}{SEARCH_STOP}",
-          observation_block(observation))
+def naive_rag_pieces(question: str, observation: str) -> list:
+  """The opening of a naive-RAG completion as [(text, written_by_model)] pieces (like
+  `gold_pieces`): one search for the question itself and its observation; the model goes on
+  with <reflect> and <answer>."""
+  return [(f"{SEARCH_THINK}\n<search>{' '.join(str(question).split())}{SEARCH_STOP}", True),
+          (OBS_OPEN + str(observation), False), (OBS_CLOSE, False)]

@@ -200,7 +200,12 @@ class SearchTask:
     return ids + self._eos()
 
   def sft_loss_mask(self, ex) -> list:
+    """1 on the model's tokens; on the observations 0, or 1 with `sft.observation_loss` (the
+    warm-up then also models the retrieved passages: language-model training on the corpus,
+    which a from-scratch model otherwise never gets)."""
     _, mask = self._encode_pieces(self.sft_pieces(ex))
+    if self.config.sft.observation_loss:
+      mask = [1] * len(mask)
     return mask + [1] * len(self._eos())
 
   def _eos(self) -> list:
