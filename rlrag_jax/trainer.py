@@ -241,7 +241,8 @@ def run(config, *, resume: bool = False, progress: bool = True,
     m["step_s"] = time.time() - t0
     m.update({f"dynamic/{k}": v for k, v in fill.items()})
     _log_step(rlog, step, "rl", m, config.log_every, bar)
-    if config.eval.every and (step - sft_total) % config.eval.every == 0:
+    if (config.eval.every and (step - sft_total) % config.eval.every == 0
+        and step < sft_total + rl_total):        # the last step gets the "after RL" eval
       mid = _evaluate(task, eval_policy.with_params(state.params), eval_examples, config, "eval")
       rlog.write(step, "eval", mid["all"])
     if config.checkpoint.every and step % config.checkpoint.every == 0:
