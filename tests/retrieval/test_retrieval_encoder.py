@@ -22,6 +22,7 @@ TEXTS = [
 ]
 
 
+@pytest.mark.slow
 def test_minilm_matches_sentence_transformers(minilm, minilm_dir):
   from sentence_transformers import SentenceTransformer
   ref_model = SentenceTransformer(str(minilm_dir), device="cpu", local_files_only=True)
@@ -36,6 +37,7 @@ def test_minilm_matches_sentence_transformers(minilm, minilm_dir):
   np.testing.assert_allclose(np.linalg.norm(ours, axis=1), 1.0, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_batching_and_padding_do_not_change_embeddings(minilm):
   batched = minilm.encode(TEXTS, batch_size=4)
   alone = np.concatenate([minilm.encode([t], batch_size=1) for t in TEXTS])

@@ -29,6 +29,7 @@ def test_exact_rejects_wrong_dimension():
     ExactIndex(random_unit(10, 8, 0)).search(random_unit(2, 9, 1), 3)
 
 
+@pytest.mark.slow
 def test_scann_recall_at_10_on_50k_random_unit_vectors():
   db, q = random_unit(50_000, 384, 0), random_unit(300, 384, 1)
   _, truth = ExactIndex(db).search(q, 10)
