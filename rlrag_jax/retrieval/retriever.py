@@ -19,7 +19,7 @@ import hashlib
 import json
 import os
 import pathlib
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 

@@ -22,7 +22,7 @@ import os
 import pathlib
 import pickle
 import zipfile
-from typing import Callable, Iterator
+from typing import Callable
 
 import ml_dtypes
 import numpy as np
@@ -229,8 +229,3 @@ def _torch_shard(path: pathlib.Path):
     return tensors[name].numpy()
   return list(tensors), load
 
-
-def iter_tensors(reader: WeightReader) -> Iterator:
-  """(name, array) one at a time."""
-  for name in reader.names():
-    yield name, reader.get(name)
