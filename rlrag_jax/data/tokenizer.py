@@ -17,6 +17,7 @@ No BOS/EOS is added by `encode`; callers add them where a format needs them.
 from __future__ import annotations
 
 import os
+import pathlib
 from typing import Iterable, Optional, Sequence, Union
 
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -102,3 +103,25 @@ def world_tokenizer(world=None, vocab_size: int = DEFAULT_VOCAB_SIZE,
     world = world_lib.build(seed=0)
   return train_tokenizer(world_texts(world) + list(extra_texts), vocab_size=vocab_size,
                          special_tokens=special_tokens, out_dir=out_dir)
+
+
+def tokenizer_for(model_cfg, workdir, texts, special_tokens=DEFAULT_TAGS):
+  """The tokenizer a run uses, from its config's `model` section.
+
+  model.init == 'hf': the checkpoint's own tokenizer (model.path). Otherwise a byte-level BPE of
+  model.vocab_size trained on `texts` (a callable returning an iterable of strings, called only
+  when training is needed) and kept in <workdir>/tokenizer, so a resumed or evaluated run reuses
+  the same one.
+  """
+  if model_cfg.init == "hf":
+    from rlrag_jax.models.hf_io import load_tokenizer
+    tok = load_tokenizer(model_cfg.path)
+    if tok is None:
+      raise ValueError(f"config key 'model.path' ({model_cfg.path}) has no tokenizer files")
+    return tok
+  out = pathlib.Path(workdir) / "tokenizer"
+  if (out / "tokenizer.json").exists():
+    import transformers
+    return transformers.AutoTokenizer.from_pretrained(str(out), local_files_only=True)
+  return train_tokenizer(texts(), vocab_size=model_cfg.vocab_size, special_tokens=special_tokens,
+                         out_dir=str(out))
