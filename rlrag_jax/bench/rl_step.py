@@ -310,8 +310,9 @@ def main(argv=None):
             f"generations, {shape.new_tokens} new tokens, prompts {shape.prompt_min}-"
             f"{shape.prompt_max} tokens", flush=True)
       print(f"[{size}] ours: {_med(ours, 'total'):.3f} s/step, {_med(ours, 'cpu'):.3f} CPU s/step "
-            f"(median of {len(ours)}: {_list(ours)}); recompiles in timed steps: {recompiles}",
-            flush=True)
+            f"(median of {len(ours)}: {_list(ours)}); recompiles in timed steps: {recompiles}"
+            + (" (timings include compiles: new prompt-length buckets; raise --warmup)"
+               if recompiles else ""), flush=True)
       print(f"[{size}] ours breakdown (median s): generate {_med(ours, 'generate'):.3f}, host "
             f"(decode + reward + advantages + pack) {_med(ours, 'host'):.3f}, reference log-probs "
             f"{_med(ours, 'ref'):.3f}, update {_med(ours, 'update'):.3f}", flush=True)
