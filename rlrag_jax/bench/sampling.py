@@ -50,9 +50,10 @@ def ours_runner(lm, prompts, args):
   """-> (run() -> Generation, first-call seconds incl. compile)."""
   import jax
   from rlrag_jax.sampling import generate
-  kw = dict(max_new_tokens=args.new_tokens, eos_ids=(), early_exit=args.loop == "while",
-            packed_decode=not args.module_decode, **_settings(args))
-  run = lambda: generate(lm, prompts, rng=jax.random.PRNGKey(0), **kw)
+  kw = dict(eos_ids=(), early_exit=args.loop == "while", packed_decode=not args.module_decode,
+            **_settings(args))
+  run = lambda n=args.new_tokens: generate(lm, prompts, rng=jax.random.PRNGKey(0),
+                                           max_new_tokens=n, **kw)
   t = time.perf_counter()
   out = run()
   assert int(out.lengths.min()) == args.new_tokens, out.lengths
@@ -91,6 +92,23 @@ def _settings(args):
   return dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
 
 
+def segment_estimate(run, n: int, short: int, repeats: int):
+  """Load-robust estimate of one n-token call: min time of a 1-token call (prefill + first token)
+  plus (n - 1) x the min per-step time of `short`-token calls. Taking minima over many short
+  calls filters out bursts from other processes better than a few long calls do."""
+  run(1), run(short)                      # warm-up / compile
+  one, many = [], []
+  for _ in range(repeats):
+    t = time.perf_counter()
+    run(1)
+    one.append(time.perf_counter() - t)
+    t = time.perf_counter()
+    run(short)
+    many.append(time.perf_counter() - t)
+  step = max(min(many) - min(one), 0.0) / (short - 1)
+  return min(one) + (n - 1) * step, min(one), step
+
+
 def _fmt(times):
   return ", ".join(f"{t:.2f}s" for t in times)
 
@@ -114,6 +132,9 @@ def main(argv=None):
                   help="weights and compute dtype of BOTH implementations")
   ap.add_argument("--repeats", type=int, default=3)
   ap.add_argument("--no-reference", action="store_true", help="time only our sampler")
+  ap.add_argument("--segments", type=int, default=0, metavar="K",
+                  help="also estimate each side from K interleaved pairs of 1-token and 16-token "
+                       "calls (min prefill + (N-1) x min step; robust when the CPU is shared)")
   args = ap.parse_args(argv)
 
   import jax
@@ -161,6 +182,19 @@ def main(argv=None):
       if args.mode == "greedy":
         agree = float(np.mean(ref_tokens == gen.tokens))
         print(f"[{size}] greedy tokens identical to transformers: {agree:.1%}")
+    if args.segments:
+      ours_est, ours_pre, ours_step = segment_estimate(run_ours, args.new_tokens, 16,
+                                                       args.segments)
+      row["ours_est"] = toks / ours_est
+      print(f"[{size}] segment estimate, ours: prefill+1 {ours_pre:.2f}s, step "
+            f"{ours_step * 1e3:.1f}ms -> {row['ours_est']:.0f} tok/s", flush=True)
+      if run_ref:
+        ref_est, ref_pre, ref_step = segment_estimate(run_ref, args.new_tokens, 16,
+                                                      args.segments)
+        row["ref_est"] = toks / ref_est
+        print(f"[{size}] segment estimate, transformers: prefill+1 {ref_pre:.2f}s, step "
+              f"{ref_step * 1e3:.1f}ms -> {row['ref_est']:.0f} tok/s; ratio "
+              f"{row['ours_est'] / row['ref_est']:.2f}x", flush=True)
     rows.append(row)
   print(f"\nload average at the end: {os.getloadavg()[0]:.2f} (other processes share the cores)")
   print(f"{'model':>6} {'params':>8} {'ours tok/s':>11} {'ref tok/s':>10} {'ratio':>6} "
