@@ -130,6 +130,9 @@ def main(argv=None):
                   help="decode with DecoderLM.apply instead of the packed decode step")
   ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                   help="weights and compute dtype of BOTH implementations")
+  ap.add_argument("--torch-threads", type=int, default=0,
+                  help="torch.set_num_threads for the reference (0: torch's default). One thread "
+                       "is far less hurt by other processes on a shared 2-core machine")
   ap.add_argument("--repeats", type=int, default=3)
   ap.add_argument("--no-reference", action="store_true", help="time only our sampler")
   ap.add_argument("--segments", type=int, default=0, metavar="K",
@@ -140,6 +143,8 @@ def main(argv=None):
   import jax
   import torch
   from rlrag_jax.models import load_hf
+  if args.torch_threads:
+    torch.set_num_threads(args.torch_threads)
   print(f"jax {jax.__version__} ({jax.default_backend()}), torch {torch.__version__} "
         f"({torch.get_num_threads()} threads); batch {args.batch}, {args.new_tokens} new tokens, "
         f"prompts {args.prompt_min}-{args.prompt_max} tokens, mode {args.mode} {_settings(args)}, "
