@@ -49,7 +49,7 @@ def _config(tmp, **tool):
   c.model.vocab_size = 600
   c.sft.steps = 10
   c.reward.stage2_step = 3
-  c.sft.direct_min_seen = 1
+  c.sft.known_min_seen = 2
   c.tool.max_total_len = 1200          # room for naive RAG's five documents (small vocab)
   c.tool.update(tool)
   return c
@@ -91,20 +91,24 @@ def test_sft_target_mask_is_zero_exactly_on_observations(task):
   p = search.parse(task.sft_target(ex))
   assert masked == "".join(prompts.observation_block(o) for o in p.information)
   assert p.structure == "B" and all(conciseness.is_concise(q) for q in p.queries)
-  # one search per step with gold passages; observations are the retriever's top-k
-  assert p.retrieval_count == sum(bool(s.gold_ids) for s in ex.decomposition)
+  # one search per step with gold passages that is not recalled; observations: top-k
+  known = task.known_steps(ex)
+  assert p.retrieval_count == sum(bool(s.gold_ids) and k not in known
+                                  for k, s in enumerate(ex.decomposition))
+  recalled = [ex.decomposition[k].answer for k in sorted(known)]
+  assert re.findall(r"Known: (.*?)\. ", task.sft_target(ex)) == recalled
   for q, info in zip(p.queries, p.information):
     assert _titles(info) == _titles_of(task, _numpy_top(task, q, task.config.tool.top_k))
 
 
 def test_comparison_gold_skips_the_reasoning_step(task):
-  ex = next(e for e in task.train if e.kind == "comparison" and not task.is_direct(e))
+  ex = next(e for e in task.train if e.kind == "comparison" and not task.known_steps(e))
   p = search.parse(task.sft_target(ex))
   assert len(ex.decomposition) == p.retrieval_count + 1 and not ex.decomposition[-1].gold_ids
   assert p.answer == ex.answers[0]
 
 
-def test_structure_a_for_examples_whose_facts_recur():
+def test_known_steps_are_facts_that_recur():
   from rlrag_jax.data.schema import Example, Step
   def ex(i, facts):
     prog = [{"op": "hop", "head": h, "relation": r} for h, r in facts]
@@ -114,9 +118,26 @@ def test_structure_a_for_examples_whose_facts_recur():
   train = [ex(0, [("A", "r"), ("B", "s")]), ex(1, [("A", "r")]), ex(2, [("A", "r"), ("B", "s")]),
            ex(3, [("C", "t")])]
   # (A, r) occurs in 3 examples, (B, s) in 2, (C, t) in 1
-  assert task_lib._direct_ids(train, 1) == {"0", "1", "2"}
-  assert task_lib._direct_ids(train, 2) == {"1"}
-  assert task_lib._direct_ids(train, 0) == frozenset()
+  assert task_lib._known_steps(train, 1) == {"0": {0, 1}, "1": {0}, "2": {0, 1}}
+  assert task_lib._known_steps(train, 2) == {"0": {0}, "1": {0}, "2": {0}}
+  assert task_lib._known_steps(train, 0) == {}
+
+
+def test_gold_with_recalled_steps():
+  from rlrag_jax.data.schema import Example, Step
+  e = Example(id="e", question="q", answers=["D"],
+              decomposition=[Step("Who directed Film X?", "A", ["p1"]),
+                             Step("Where was #1 born?", "B", ["p2"]),
+                             Step("Which country is #2 in?", "C", ["p3"]),
+                             Step("What is the capital of #3?", "D", ["p4"])])
+  obs = lambda q: f"about {q}"
+  p = search.parse(prompts.gold_trajectory(e, obs, known={0, 2}))
+  assert p.structure == "B" and p.queries == ["A born", "the capital of C"]   # #1 -> A
+  assert p.segments[0] == ("think", "Known: A. I need to search.")
+  assert p.reflects == ["Found B. Known: C. Next step.", "Found D. Done."]
+  a = search.parse(prompts.gold_trajectory(e, obs, known={0, 1, 2, 3}))
+  assert a.structure == "A" and a.reflects == ["Known: A. Known: B. Known: C. It is D."]
+  assert a.answer == "D"
 
 
 def test_direct_targets_are_structure_a(task):

@@ -148,11 +148,16 @@ def _searched_steps(example) -> list:
   return list(range(len(steps)))
 
 
-def gold_pieces(example, observations: Callable[[str], str]) -> list:
-  """The structure-(B) gold completion as [(text, written_by_model)] pieces, in order.
+def gold_pieces(example, observations: Callable[[str], str], known=()) -> list:
+  """The gold completion as [(text, written_by_model)] pieces, in order.
 
-  Think, one search/information/reflect round per searched gold step (see `_searched_steps`),
-  answer. `observations(query)` returns the observation text (e.g. format_observation of the
+  Structure B: think, one search/information/reflect round per searched gold step (see
+  `_searched_steps`), answer. Steps in `known` (indices into the decomposition) are not
+  searched: their answers are stated from memory ("Known: X.") in the think before the first
+  search or in the reflect of the round before them. When every searched step is known the
+  completion is structure A (`gold_trajectory_direct` with that chain).
+
+  `observations(query)` returns the observation text (e.g. format_observation of the
   retriever's hits); it appears as two system pieces, OBS_OPEN + text and OBS_CLOSE, exactly
   as the rollout appends them, so that tokenizing piece by piece gives the rollout's tokens and
   the loss mask (0 on system pieces).
@@ -161,30 +166,42 @@ def gold_pieces(example, observations: Callable[[str], str]) -> list:
   queries = gold_queries(example)
   keep = _searched_steps(example) if steps else [0]
   sub_answers = [s.answer for s in steps] if steps else [example.answers[0]]
-  pieces, text = [], "<think>I need to search.</think>"
-  for n, k in enumerate(keep):
+  known = set(known)
+  search = [k for k in keep if k not in known]
+  if not search:          # every fact recalled; the final hop's answer is the answer itself
+    chain = [sub_answers[k] for k in keep if k != len(steps) - 1]
+    return [(gold_trajectory_direct(example, chain), True)]
+  recalled = lambda ks: "".join(f"Known: {sub_answers[k]}. " for k in ks)
+  before = [k for k in keep if k < search[0]]
+  pieces = []
+  text = f"<think>{recalled(before)}I need to search.</think>"
+  for n, k in enumerate(search):
     text += f"\n<search>{queries[k]}{SEARCH_STOP}"
     pieces += [(text, True), (OBS_OPEN + str(observations(queries[k])), False),
                (OBS_CLOSE, False)]
-    nxt = "Done." if n == len(keep) - 1 else "Next step."
-    text = f"<reflect>Found {sub_answers[k]}. {nxt}</reflect>"
+    nxt = search[n + 1] if n + 1 < len(search) else len(steps) + 1
+    after = [j for j in keep if k < j < nxt]
+    done = "Done." if n == len(search) - 1 else "Next step."
+    text = f"<reflect>Found {sub_answers[k]}. {recalled(after)}{done}</reflect>"
   pieces.append((text + f"\n<answer>{example.answers[0]}</answer>", True))
   return pieces
 
 
-def gold_trajectory(example, observations: Callable[[str], str]) -> str:
-  """The structure-(B) gold completion as one string (see `gold_pieces`)."""
-  return "".join(text for text, _ in gold_pieces(example, observations))
+def gold_trajectory(example, observations: Callable[[str], str], known=()) -> str:
+  """The gold completion as one string (see `gold_pieces`)."""
+  return "".join(text for text, _ in gold_pieces(example, observations, known))
 
 
 DIRECT_THINK = "<think>I know this.</think>"
 SEARCH_THINK = "<think>I need to search.</think>"
 
 
-def gold_trajectory_direct(example) -> str:
-  """A structure-(A) completion: think, reflect, answer, with no search."""
+def gold_trajectory_direct(example, chain=()) -> str:
+  """A structure-(A) completion: think, reflect, answer, with no search. `chain`: intermediate
+  answers recalled on the way ("Known: X." each)."""
   answer = example.answers[0]
-  return (f"{DIRECT_THINK}\n<reflect>It is {answer}.</reflect>\n"
+  recalled = "".join(f"Known: {a}. " for a in chain)
+  return (f"{DIRECT_THINK}\n<reflect>{recalled}It is {answer}.</reflect>\n"
           f"<answer>{answer}</answer>")
 
 

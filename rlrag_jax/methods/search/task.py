@@ -19,15 +19,17 @@ SFT mix (warm-up targets; see `sft_target_ids`):
     passage (reasoning-only steps, e.g. the world's final comparison, are not searched), the
     retriever's real top-k for that query as the observation, "Found <sub-answer>." reflections,
     answer. The observation tokens are masked out of the SFT loss as they are out of the RL loss.
-  * structure A (think, reflect, answer; no search) instead, for the examples the model "could
-    answer directly": every fact on the example's gold path occurs in at least
-    `sft.direct_min_seen` OTHER training examples, i.e. the warm-up itself shows the model those
-    facts repeatedly (with the default 3 that is ~12% of the embedded world's training set).
-    Facts are (head, relation) pairs from the world's question programs, else the gold
-    queries. 0 turns structure A off.
+  * steps the model "already knows" are not searched: a step whose fact occurs in at least
+    `sft.known_min_seen` OTHER training examples (so the warm-up itself keeps showing the model
+    that fact) is recalled in a reflection ("Known: X.") instead of searched; an example whose
+    every step is known gets structure A (think, reflect, answer; no search). Facts are
+    (head, relation) pairs from the world's question programs, else the gold queries. 0 turns
+    this off (every step searched).
   A from-scratch model knows nothing but what training shows it, so this is the only honest
-  notion of "its own knowledge" here; with an instruct LLM (':paper') SFT is off and the
-  policy's own knowledge decides.
+  notion of "its own knowledge" here; whether it really recalls those facts is what RL finds
+  out (stage 1 rewards searching them anyway, stage 2 rewards skipping the search when the
+  recalled answer is right). With an instruct LLM (':paper') SFT is off and the policy's own
+  knowledge decides.
 
 Reference pipelines (`rollout(..., pipeline=...)`, used by `experiments.search_baselines`):
   'no_retrieval' forces the opening "<think>I know this.</think>" and allows no search;
@@ -94,18 +96,22 @@ class SearchTask:
     self.sft_steps = int(config.sft.steps)
     self.stage2_step = int(config.reward.stage2_step)
     self.corpus = _corpus(config, sel)
+    self._known = _known_steps(self.train, int(config.sft.known_min_seen))
     self.tokenizer = _tokenizer(config, self)
     self.use_chat = bool(config.model.chat_template and
                          getattr(self.tokenizer, "chat_template", None))
     self._emb_cache = {}
     self._gold = {}
-    self._direct = _direct_ids(self.train, int(config.sft.direct_min_seen))
     self._judge = _judge(config.reward)
     self.encoder, self.retriever, self._index_dir = _retriever(config, self.corpus, encoder)
     if self.train:
-      log.info("search: %d train / %d eval examples, %d passages; structure-A SFT targets for "
-               "%d train examples (%.1f%%)", len(self.train), len(self.eval), len(self.retriever),
-               len(self._direct), 100 * len(self._direct) / len(self.train))
+      n_known = sum(len(v) for v in self._known.values())
+      n_steps = sum(len(prompts._searched_steps(e)) for e in self.train)  # pylint: disable=protected-access
+      n_direct = sum(self.is_direct(e) for e in self.train)
+      log.info("search: %d train / %d eval examples, %d passages; SFT targets recall %.1f%% of "
+               "the gold steps, %.1f%% of the examples are structure A", len(self.train),
+               len(self.eval), len(self.retriever), 100 * n_known / max(n_steps, 1),
+               100 * n_direct / len(self.train))
 
   # ---------------------------------------------------------------- retrieval
   def embed(self, queries: Sequence[str]) -> np.ndarray:
@@ -140,14 +146,19 @@ class SearchTask:
     return self.tokenizer(self.prompt_text(ex), add_special_tokens=False)["input_ids"]
 
   # ---------------------------------------------------------------- SFT targets
+  def known_steps(self, ex) -> frozenset:
+    """Decomposition steps of `ex` its SFT target recalls instead of searching."""
+    return self._known.get(ex.id, frozenset())
+
   def is_direct(self, ex) -> bool:
     """Whether the SFT target of `ex` is structure A (see the module docstring)."""
-    return ex.id in self._direct
+    steps = prompts._searched_steps(ex) if ex.decomposition else [0]  # pylint: disable=protected-access
+    return set(steps) <= self.known_steps(ex)
 
   def sft_pieces(self, ex) -> list:
     """The gold completion of `ex` as [(text, written_by_model)] pieces."""
     if self.is_direct(ex):
-      return [(prompts.gold_trajectory_direct(ex), True)]
+      return prompts.gold_pieces(ex, lambda q: "", self.known_steps(ex))
     if ex.id not in self._gold:
       self._prepare_gold([ex] + [e for e in self.train if e.id not in self._gold])
     return self._gold[ex.id]
@@ -169,7 +180,8 @@ class SearchTask:
     row = {r.id: r for r in rec}
     hits = {q: [row[i] for i in known[q]] for q in wanted}
     for e in examples:
-      self._gold[e.id] = prompts.gold_pieces(e, lambda q: prompts.format_observation(hits[q]))
+      self._gold[e.id] = prompts.gold_pieces(e, lambda q: prompts.format_observation(hits[q]),
+                                             self.known_steps(e))
 
   def sft_target(self, ex) -> str:
     """The SFT target text (observations cut as the rollout cuts them)."""
@@ -309,7 +321,7 @@ class SearchTask:
     for ex in list(self.train) + list(self.eval):
       yield self.prompt_text(ex)
     for ex in self.train:
-      yield prompts.gold_trajectory(ex, lambda q: "")
+      yield prompts.gold_trajectory(ex, lambda q: "", self.known_steps(ex))
       yield prompts.gold_trajectory_direct(ex)
     yield prompts.PROMPT
 
@@ -336,14 +348,15 @@ def _split(sel, data_cfg) -> tuple:
   return list(sel.train[:cut]), held
 
 
-def _fact_keys(ex) -> list:
-  """The facts on an example's gold path: (head, relation) from a world question program, else
-  its searched gold queries."""
+def _step_facts(ex) -> list:
+  """Per decomposition step the fact it reads, or None: (head, relation) from a world question
+  program, else ('query', gold query)."""
   program = (ex.meta or {}).get("program")
-  if program:
+  if program and len(program) == len(ex.decomposition):
     keys = []
     for op in program:
       if op.get("op") != "hop":
+        keys.append(None)
         continue
       head = str(op["head"])
       if head.startswith("#") and head[1:].isdigit():
@@ -352,19 +365,23 @@ def _fact_keys(ex) -> list:
       keys.append((head, op["relation"]))
     return keys
   try:
-    return [("query", q) for q in prompts.gold_queries(ex) if q]
+    return [("query", q) if q else None for q in prompts.gold_queries(ex)]
   except ValueError:
-    return []
+    return [None] * len(ex.decomposition)
 
 
-def _direct_ids(train, min_seen: int) -> frozenset:
-  """Ids of training examples whose every fact occurs in >= min_seen other training examples."""
+def _known_steps(train, min_seen: int) -> dict:
+  """{example id: steps whose fact occurs in >= min_seen OTHER training examples}."""
   if min_seen <= 0:
-    return frozenset()
-  facts = {ex.id: set(_fact_keys(ex)) for ex in train}
-  count = collections.Counter(f for fs in facts.values() for f in fs)
-  return frozenset(i for i, fs in facts.items()
-                   if fs and all(count[f] - 1 >= min_seen for f in fs))
+    return {}
+  facts = {ex.id: _step_facts(ex) for ex in train}
+  count = collections.Counter(f for fs in facts.values() for f in set(fs) if f is not None)
+  out = {}
+  for i, fs in facts.items():
+    known = frozenset(k for k, f in enumerate(fs) if f is not None and count[f] - 1 >= min_seen)
+    if known:
+      out[i] = known
+  return out
 
 
 def _judge(reward_cfg):
