@@ -50,6 +50,7 @@ def _config(tmp, **tool):
   c.sft.steps = 10
   c.reward.stage2_step = 3
   c.sft.known_min_seen = 2
+  c.sft.observation_loss = False       # the rollout's mask; the flag is tested on its own
   c.tool.max_total_len = 1200          # room for naive RAG's five documents (small vocab)
   c.tool.update(tool)
   return c
@@ -99,6 +100,18 @@ def test_sft_target_mask_is_zero_exactly_on_observations(task):
   assert re.findall(r"Known: (.*?)\. ", task.sft_target(ex)) == recalled
   for q, info in zip(p.queries, p.information):
     assert _titles(info) == _titles_of(task, _numpy_top(task, q, task.config.tool.top_k))
+
+
+def test_observation_loss_flag_trains_on_the_passages_too(task):
+  ex = next(e for e in task.train if not task.is_direct(e))
+  plain = task.sft_loss_mask(ex)
+  assert 0 in plain
+  task.config.sft.observation_loss = True
+  try:
+    assert task.sft_loss_mask(ex) == [1] * len(plain)
+    assert task.sft_target_ids(ex)[-1] == task.tokenizer.eos_token_id
+  finally:
+    task.config.sft.observation_loss = False
 
 
 def test_comparison_gold_skips_the_reasoning_step(task):
