@@ -42,6 +42,9 @@ SIZES = {
     # ~0.2M params: per-step overheads dominate.
     "tiny": dict(hidden_size=64, intermediate_size=192, num_hidden_layers=2,
                  num_attention_heads=4, num_key_value_heads=2, vocab_size=1024),
+    # ~1.2M params: the model `configs/arena.py`'s CPU default trains (hidden 128, 4 layers).
+    "arena": dict(hidden_size=128, intermediate_size=384, num_hidden_layers=4,
+                  num_attention_heads=4, num_key_value_heads=2, vocab_size=2048),
     # ~57M params (~41M without the untied lm_head): arithmetic dominates.
     "57m": dict(hidden_size=512, intermediate_size=1536, num_hidden_layers=8,
                 num_attention_heads=8, num_key_value_heads=2, vocab_size=32000),
@@ -50,6 +53,7 @@ SIZES = {
 # larger model's step stays a few seconds on a 2-core CPU. Flags override them.
 SHAPES = {
     "tiny": dict(prompts=8, group=8, new_tokens=64, prompt_min=32, prompt_max=64),
+    "arena": dict(prompts=8, group=8, new_tokens=72, prompt_min=96, prompt_max=192),
     "57m": dict(prompts=4, group=4, new_tokens=32, prompt_min=16, prompt_max=32),
 }
 BETA = 0.04
