@@ -201,6 +201,16 @@ def _loss_mask(mask: Array) -> Array:
   return m * (jnp.arange(m.shape[1]) > 0).astype(jnp.float32)[None, :]
 
 
+def _token_norms(aggregation: str, max_len: Optional[int]) -> Callable:
+  """norms_fn for `_make_update_step`: the loss denominator over the whole batch (so that
+  micro-batching does not change the loss) and the loss-token count for the metrics."""
+  def norms_fn(batch):
+    m = _loss_mask(batch["loss_mask"])
+    _, den = aggregation_terms(m, m, aggregation, max_len)
+    return {"den": jnp.maximum(den, 1e-8), "tokens": jnp.maximum(jnp.sum(m), 1.0)}
+  return norms_fn
+
+
 def _check_batch(batch: dict, required, where: str):
   missing = [k for k in required if k not in batch]
   if missing:
@@ -332,10 +342,7 @@ def make_policy_step(module, opt, mesh: Mesh, loss_cfg: LossConfig = LossConfig(
   cfg = loss_cfg
   state_sh = train_state_shardings(module, opt, mesh, rules)
 
-  def norms_fn(batch):
-    m = _loss_mask(batch["loss_mask"])
-    _, den = aggregation_terms(m, m, cfg.aggregation, cfg.max_completion_len)
-    return {"den": jnp.maximum(den, 1e-8), "tokens": jnp.maximum(jnp.sum(m), 1.0)}
+  norms_fn = _token_norms(cfg.aggregation, cfg.max_completion_len)
 
   def mb_loss(params, mb, norms):
     out = _apply_logits(module, params, mb, cfg.temperature, cfg.compute_entropy, mesh, rules)
@@ -390,10 +397,7 @@ def make_sft_step(module, opt, mesh: Mesh, *, aggregation: str = "token_mean",
   state_sh = train_state_shardings(module, opt, mesh, rules)
   aggregation_terms(jnp.zeros((1, 1)), jnp.zeros((1, 1)), aggregation, max_len)  # validates
 
-  def norms_fn(batch):
-    m = _loss_mask(batch["loss_mask"])
-    _, den = aggregation_terms(m, m, aggregation, max_len)
-    return {"den": jnp.maximum(den, 1e-8), "tokens": jnp.maximum(jnp.sum(m), 1.0)}
+  norms_fn = _token_norms(aggregation, max_len)
 
   def mb_loss(params, mb, norms):
     pred = _pred_logits(module, params, mb, mesh, rules)                  # [b, T-1, V]
@@ -433,10 +437,7 @@ def make_value_step(module, opt, mesh: Mesh, *, clip_eps: Optional[float] = 0.2,
   state_sh = train_state_shardings(module, opt, mesh, rules)
   aggregation_terms(jnp.zeros((1, 1)), jnp.zeros((1, 1)), aggregation, max_len)  # validates
 
-  def norms_fn(batch):
-    m = _loss_mask(batch["loss_mask"])
-    _, den = aggregation_terms(m, m, aggregation, max_len)
-    return {"den": jnp.maximum(den, 1e-8), "tokens": jnp.maximum(jnp.sum(m), 1.0)}
+  norms_fn = _token_norms(aggregation, max_len)
 
   def mb_loss(params, mb, norms):
     raw, _ = module.apply({"params": params}, mb["input_ids"], mb["attention_mask"])
