@@ -13,90 +13,21 @@ Presets (`get_config(arg)`):
 """
 import ml_collections
 
+from rlrag_jax import config_base
+
 
 def base_config() -> ml_collections.ConfigDict:
-  c = ml_collections.ConfigDict()
-  c.method = "arena"
-  c.seed = 0
-  c.workdir = "runs/arena"
-
-  c.data = ml_collections.ConfigDict()
-  c.data.source = "world"               # 'world' | 'files'
-  c.data.world = ml_collections.ConfigDict(dict(seed=0))   # world.build keyword sizes
-  c.data.dir = ""                       # RLRAG_DATA_DIR override for 'files'
+  """The trainer's shared sections (`rlrag_jax.config_base`) plus ARENA's own keys."""
+  c = config_base.trainer_config("arena", "runs/arena")
   c.data.mix = ("hotpotqa:train", "2wiki:dev", "musique:train")   # name:split for 'files'
   c.data.eval_mix = ("hotpotqa:dev", "2wiki:dev", "musique:dev")
-  c.data.max_train = 0                  # 0 = all
-  c.data.max_eval = 200
   c.data.max_contexts = 4               # gold passages + distractors shown as references
   c.data.max_passage_chars = 0          # 0 = whole passages
-  c.data.prompt_style = "paper"         # 'paper' (the structured-reply instruction) | 'compact'
   c.data.analysis_style = "full"        # SFT targets' analysis: 'full' sentences | 'chain' (terse)
-  c.data.skip_invalid = False
-
-  c.model = ml_collections.ConfigDict()
-  c.model.init = "scratch"              # 'scratch' | 'hf'
-  c.model.path = ""                     # HF checkpoint dir when init == 'hf'
-  c.model.chat_template = True          # use the tokenizer's chat template when it has one
-  c.model.dtype = "float32"
-  c.model.remat = False
-  c.model.vocab_size = 2048             # tokenizer trained on the world's text ('scratch')
-  c.model.hidden_size = 128
-  c.model.intermediate_size = 384
-  c.model.num_layers = 4
-  c.model.num_heads = 4
-  c.model.num_kv_heads = 2
-  c.model.head_dim = 32
-  c.model.max_position_embeddings = 1024
-
-  c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
-  c.distributed = ml_collections.ConfigDict(dict(initialize=False, coordinator_address="",
-                                                 num_processes=0, process_id=-1))
-
-  c.sft = ml_collections.ConfigDict()
-  c.sft.steps = 0
-  c.sft.batch_size = 32
-  c.sft.lr = 3e-3
-  c.sft.warmup_ratio = 0.05
-  c.sft.weight_decay = 0.0
-  c.sft.max_len = 512
-  c.sft.pack_bucket = 64                # batch widths round up to this (fewer recompiles)
-
-  c.rl = ml_collections.ConfigDict()
-  c.rl.algo = "grpo"                    # 'grpo' (group advantages; DAPO via its knobs)
-  c.rl.steps = 0
-  c.rl.prompts_per_step = 8
-  c.rl.group_size = 8
-  c.rl.temperature = 1.0
-  c.rl.top_k = 0
-  c.rl.top_p = 1.0
-  c.rl.max_new_tokens = 128
-  c.rl.lr = 1e-4
   c.rl.warmup_ratio = 0.1
-  c.rl.weight_decay = 0.0
-  c.rl.max_grad_norm = 1.0
-  c.rl.kl_beta = 0.04
-  c.rl.kl_estimator = "k2"              # k1 | k2 | k3
-  c.rl.clip_eps_low = 0.2
-  c.rl.clip_eps_high = 0.2
-  c.rl.dual_clip = 0.0                  # 0 = off
-  c.rl.aggregation = "sequence_mean"    # sequence_mean | token_mean | constant
-  c.rl.scale_std = True
-  c.rl.adv_eps = 1e-4
-  c.rl.mu = 1                           # inner iterations per rollout batch
-  c.rl.micro_batches = 1                # gradient accumulation
-  c.rl.dynamic_sampling = False
-  c.rl.dynamic_max_tries = 3
-  c.rl.pack_bucket = 64                 # batch widths round up to this (fewer recompiles)
-
+  c.rl.kl_estimator = "k2"              # ARENA's estimator: 1/2 (log r)^2
   c.reward = ml_collections.ConfigDict(dict(w_format=1.0, w_accuracy=1.0, w_relevance=1.0,
                                             bonus_value=10.0))
-
-  c.eval = ml_collections.ConfigDict(dict(every=0, num_examples=200, max_new_tokens=128,
-                                          batch_size=64, judge_url="", judge_model=""))
-  c.checkpoint = ml_collections.ConfigDict(dict(every=50, keep=2))
-  c.log_every = 5
-  c.export_hf = True                    # write an HF checkpoint of the final policy
   return c
 
 
@@ -122,15 +53,9 @@ def get_config(arg: str = ""):
     c.eval.num_examples = 200
     c.checkpoint.every = 50
   elif arg == "paper":
-    c.data.source = "files"
+    config_base.use_hf_model(c)         # set --config.model.path=/path/to/Qwen2.5-7B-Instruct
     c.data.max_train = 25000
     c.data.max_contexts = 0             # all contexts of each example
-    c.model.init = "hf"
-    c.model.path = ""                   # set --config.model.path=/path/to/Qwen2.5-7B-Instruct
-    c.model.dtype = "bfloat16"
-    c.model.remat = True
-    c.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=-1, tensor=1))
-    c.sft.steps = 0
     c.rl.steps = 1000
     c.rl.prompts_per_step = 16
     c.rl.group_size = 7

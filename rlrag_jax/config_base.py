@@ -1,0 +1,79 @@
+"""The trainer's config sections, shared by every method's `configs/<method>.py`.
+
+A method config starts from `trainer_config(method, workdir)` and then sets what is its own:
+its data mix, its reward section, its tool or rollout section, and the values of the shared
+keys that differ for it (e.g. ARENA's k2 KL, the search agent's DAPO clip-higher). The
+trainer (`rlrag_jax.trainer`) reads these sections for every method:
+
+  data      source ('world' | 'files'), world (world.build keyword sizes), dir (RLRAG_DATA_DIR
+            override for 'files'), max_train / max_eval (0 = all), prompt_style ('paper' |
+            'compact'), skip_invalid (count and skip malformed records instead of failing).
+  model     init ('scratch' | 'hf'), path (HF checkpoint dir when 'hf'), chat_template, dtype,
+            remat, and the from-scratch shape (vocab_size is the size of the tokenizer trained
+            on the world's text).
+  mesh      data / fsdp / tensor axis sizes (-1: the rest of the devices).
+  distributed  jax.distributed.initialize arguments for multi-host runs.
+  sft       warm-up: steps (0 = none), batch_size, lr, warmup_ratio, weight_decay, max_len,
+            pack_bucket (batch widths round up to it: fewer recompiles).
+  rl        algo, steps, prompts_per_step, group_size, sampling (temperature, top_k, top_p,
+            max_new_tokens), optimiser (lr, warmup_ratio, weight_decay, max_grad_norm), KL
+            (kl_beta, kl_estimator k1 | k2 | k3), PPO clip (clip_eps_low / _high, dual_clip),
+            aggregation (sequence_mean | token_mean | constant), advantages (scale_std,
+            adv_eps), mu (updates per batch), micro_batches, dynamic_sampling (+ max tries),
+            pack_bucket.
+  eval      every (RL steps; 0 = before and after RL only), num_examples, max_new_tokens,
+            batch_size, optional OpenAI-compatible judge (judge_url, judge_model).
+  checkpoint  every, keep;  log_every;  export_hf (an HF checkpoint of the final policy).
+"""
+import ml_collections
+
+
+def trainer_config(method: str, workdir: str) -> ml_collections.ConfigDict:
+  """The shared sections with their defaults (a small from-scratch model, GRPO)."""
+  c = ml_collections.ConfigDict()
+  c.method = method
+  c.seed = 0
+  c.workdir = workdir
+
+  c.data = ml_collections.ConfigDict(dict(
+      source="world", world=ml_collections.ConfigDict(dict(seed=0)), dir="", max_train=0,
+      max_eval=200, prompt_style="paper", skip_invalid=False))
+
+  c.model = ml_collections.ConfigDict(dict(
+      init="scratch", path="", chat_template=True, dtype="float32", remat=False,
+      vocab_size=2048, hidden_size=128, intermediate_size=384, num_layers=4, num_heads=4,
+      num_kv_heads=2, head_dim=32, max_position_embeddings=1024))
+
+  c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
+  c.distributed = ml_collections.ConfigDict(dict(initialize=False, coordinator_address="",
+                                                 num_processes=0, process_id=-1))
+
+  c.sft = ml_collections.ConfigDict(dict(
+      steps=0, batch_size=32, lr=3e-3, warmup_ratio=0.05, weight_decay=0.0, max_len=512,
+      pack_bucket=64))
+
+  c.rl = ml_collections.ConfigDict(dict(
+      algo="grpo", steps=0, prompts_per_step=8, group_size=8, temperature=1.0, top_k=0,
+      top_p=1.0, max_new_tokens=128, lr=1e-4, warmup_ratio=0.0, weight_decay=0.0,
+      max_grad_norm=1.0, kl_beta=0.04, kl_estimator="k3", clip_eps_low=0.2, clip_eps_high=0.2,
+      dual_clip=0.0, aggregation="sequence_mean", scale_std=True, adv_eps=1e-4, mu=1,
+      micro_batches=1, dynamic_sampling=False, dynamic_max_tries=3, pack_bucket=64))
+
+  c.eval = ml_collections.ConfigDict(dict(every=0, num_examples=200, max_new_tokens=128,
+                                          batch_size=64, judge_url="", judge_model=""))
+  c.checkpoint = ml_collections.ConfigDict(dict(every=50, keep=2))
+  c.log_every = 5
+  c.export_hf = True
+  return c
+
+
+def use_hf_model(c: ml_collections.ConfigDict, *, remat: bool = True) -> None:
+  """The accelerator presets' model and mesh: an HF checkpoint in bf16 (set model.path),
+  parameters sharded over all devices (FSDP), no SFT warm-up."""
+  c.data.source = "files"
+  c.model.init = "hf"
+  c.model.path = ""
+  c.model.dtype = "bfloat16"
+  c.model.remat = remat
+  c.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=-1, tensor=1))
+  c.sft.steps = 0
