@@ -129,7 +129,7 @@ def matmul_floor(lm, batch: int, steps: int, repeats: int = 5) -> float:
   def chain(state, ws):
     for w in ws:
       n_in, n_out = w.shape
-      y = state[:, :n_in] @ w                                        # [batch, n_out]
+      y = jnp.dot(state[:, :n_in], w, preferred_element_type=jnp.float32)   # [batch, n_out]
       m = min(n_out, width)
       state = state.at[:, :m].add(1e-3 * y[:, :m].astype(state.dtype))
     return state

@@ -61,6 +61,13 @@ def pack_params(config: ModelConfig, params) -> dict:
   return out
 
 
+def _mm(x, w, dtype):
+  """x @ w in the compute dtype; reduced dtypes accumulate in f32 (as DecoderLM does)."""
+  if jnp.dtype(dtype) == jnp.float32:
+    return jnp.dot(x, w)
+  return jnp.dot(x, w, preferred_element_type=jnp.float32).astype(dtype)
+
+
 def _rms(x, w, eps, dtype):
   xf = x.astype(jnp.float32)
   xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
@@ -91,7 +98,7 @@ def decode_step(config: ModelConfig, packed, tokens, active, cache):
   new_layers = []
   for lp, lc in zip(packed["layers"], cache["layers"]):
     y = _rms(x, lp["ln1"], config.rms_norm_eps, dt)
-    qkv = jnp.dot(y, lp["qkv"])                                            # [B, (H+2K)*D]
+    qkv = _mm(y, lp["qkv"], dt)                                            # [B, (H+2K)*D]
     if "qkv_bias" in lp:
       qkv = qkv + lp["qkv_bias"]
     q = qkv[:, :h * d].reshape(b, h, d)
@@ -106,18 +113,17 @@ def decode_step(config: ModelConfig, packed, tokens, active, cache):
     scores = jnp.where(key_mask[:, :, None, None], scores, neg)
     probs = jax.nn.softmax(scores, axis=1).astype(dt)
     out = jnp.sum(probs[..., None] * cv[:, :, :, None, :].astype(dt), axis=1)  # [B, K, G, D]
-    y = jnp.dot(out.reshape(b, h * d), lp["o"])
+    y = _mm(out.reshape(b, h * d), lp["o"], dt)
     if "o_bias" in lp:
       y = y + lp["o_bias"]
     x = x + y
     y = _rms(x, lp["ln2"], config.rms_norm_eps, dt)
-    gu = jnp.dot(y, lp["gate_up"])                                         # [B, 2F]
+    gu = _mm(y, lp["gate_up"], dt)                                         # [B, 2F]
     f = gu.shape[-1] // 2
-    x = x + jnp.dot(jax.nn.silu(gu[:, :f]) * gu[:, f:], lp["down"])
+    x = x + _mm(jax.nn.silu(gu[:, :f]) * gu[:, f:], lp["down"], dt)
   x = _rms(x, packed["norm"], config.rms_norm_eps, dt)
-  if config.tie_word_embeddings:
-    logits = jnp.dot(x, packed["embed"].astype(dt).T)
-  else:
-    logits = jnp.dot(x, packed["lm_head"].astype(dt))
+  tied = config.tie_word_embeddings
+  head = (packed["embed"].T if tied else packed["lm_head"]).astype(dt)   # [E, V]
+  logits = jnp.dot(x, head, preferred_element_type=jnp.float32)          # [B, V]
   new_cache = {"layers": tuple(new_layers), "mask": key_mask, "index": index + 1}
   return logits.astype(jnp.float32), new_cache

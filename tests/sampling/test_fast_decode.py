@@ -1,0 +1,54 @@
+"""The sampler's packed decode step against DecoderLM's own cached decode, fp32 and bf16."""
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rlrag_jax.models import init_cache
+from rlrag_jax.models.config import ModelConfig
+from rlrag_jax.models.decoder import DecoderLM, accumulates_in_f32, init_params
+from rlrag_jax.sampling import decode, prefill
+from rlrag_jax.sampling import fast_decode
+
+
+def _config(dtype, tied):
+  return ModelConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_layers=2,
+                     num_heads=4, num_kv_heads=2, head_dim=8, tie_word_embeddings=tied,
+                     attention_bias=True, dtype=dtype, param_dtype=dtype)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("tied", [False, True])
+def test_packed_decode_step_matches_the_module(dtype, tied):
+  cfg = _config(dtype, tied)
+  params = init_params(DecoderLM(cfg), jax.random.PRNGKey(0))
+  rng = np.random.default_rng(0)
+  ids = jnp.asarray(rng.integers(3, 97, (3, 6)), jnp.int32)
+  mask = jnp.asarray([[0, 0, 1, 1, 1, 1], [1] * 6, [0, 0, 0, 0, 1, 1]], jnp.bool_)
+  _, cache = prefill(cfg, params, ids, mask, init_cache(cfg, 3, 10))
+  tok = jnp.asarray([5, 7, 11], jnp.int32)
+  active = jnp.asarray([True, False, True])
+  want, want_cache = decode(cfg, params, tok, active, jax.tree_util.tree_map(jnp.copy, cache))
+  got, got_cache = fast_decode.decode_step(cfg, fast_decode.pack_params(cfg, params), tok,
+                                           active, cache)
+  assert got.dtype == want.dtype == jnp.float32
+  tol = 1e-5 if dtype == "float32" else 5e-2       # bf16: rounding of the two op orders
+  live = np.asarray(active)                        # a finished row's logits are never read
+  np.testing.assert_allclose(np.asarray(got)[live], np.asarray(want)[live], atol=tol, rtol=tol)
+  assert np.array_equal(np.asarray(got_cache["mask"]), np.asarray(want_cache["mask"]))
+
+
+def test_reduced_precision_matmuls_accumulate_in_f32():
+  assert not accumulates_in_f32(_config("float32", False))
+  assert accumulates_in_f32(_config("bfloat16", False))
+  # bf16 logits stay close to the f32 model's on the same (bf16-rounded) weights
+  c16, c32 = _config("bfloat16", False), _config("float32", False)
+  p16 = init_params(DecoderLM(c16), jax.random.PRNGKey(1))
+  p32 = jax.tree_util.tree_map(lambda x: x.astype(jnp.float32), p16)
+  ids = jnp.asarray(np.random.default_rng(1).integers(3, 97, (2, 9)), jnp.int32)
+  l16, _ = DecoderLM(c16).apply({"params": p16}, ids)
+  l32, _ = DecoderLM(c32).apply({"params": p32}, ids)
+  assert l16.dtype == jnp.float32
+  assert float(jnp.max(jnp.abs(l16 - l32))) < 0.05 * float(jnp.max(jnp.abs(l32)))
