@@ -36,80 +36,27 @@ Method-specific sections (the trainer reads the others):
 """
 import ml_collections
 
+from rlrag_jax import config_base
+
 
 def base_config() -> ml_collections.ConfigDict:
-  c = ml_collections.ConfigDict()
-  c.method = "search"
-  c.seed = 0
-  c.workdir = "runs/search"
-
-  c.data = ml_collections.ConfigDict()
-  c.data.source = "world"               # 'world' | 'files'
-  c.data.world = ml_collections.ConfigDict(dict(seed=0))   # world.build keyword sizes
-  c.data.dir = ""                       # RLRAG_DATA_DIR override for 'files'
+  """The trainer's shared sections (`rlrag_jax.config_base`) plus the search agent's keys."""
+  c = config_base.trainer_config("search", "runs/search")
   c.data.mix = ("2wiki:train",)         # name:split for 'files'
   c.data.eval_mix = ("2wiki:dev",)      # ignored when train_frac < 1
   c.data.train_frac = 1.0               # < 1: hold out the rest of the training selection
-  c.data.max_train = 0                  # 0 = all
-  c.data.max_eval = 200
   c.data.max_contexts = 0               # contexts are not shown: the agent retrieves
-  c.data.prompt_style = "paper"         # 'paper' (protocol instruction) | 'compact'
-  c.data.skip_invalid = False
 
-  c.model = ml_collections.ConfigDict()
-  c.model.init = "scratch"              # 'scratch' | 'hf'
-  c.model.path = ""                     # HF checkpoint dir when init == 'hf'
-  c.model.chat_template = True          # use the tokenizer's chat template when it has one
-  c.model.dtype = "float32"
-  c.model.remat = False
-  c.model.vocab_size = 2048             # tokenizer trained on the world's text ('scratch')
-  c.model.hidden_size = 128
-  c.model.intermediate_size = 384
-  c.model.num_layers = 4
-  c.model.num_heads = 4
-  c.model.num_kv_heads = 2
-  c.model.head_dim = 32
-  c.model.max_position_embeddings = 1024
-
-  c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
-  c.distributed = ml_collections.ConfigDict(dict(initialize=False, coordinator_address="",
-                                                 num_processes=0, process_id=-1))
-
-  c.sft = ml_collections.ConfigDict()
-  c.sft.steps = 0
-  c.sft.batch_size = 32
-  c.sft.lr = 3e-3
-  c.sft.warmup_ratio = 0.05
-  c.sft.weight_decay = 0.0
-  c.sft.max_len = 512
   c.sft.pack_bucket = 128
   c.sft.known_min_seen = 8
   c.sft.observation_loss = False        # also train on the retrieved passages in SFT targets
 
-  c.rl = ml_collections.ConfigDict()
-  c.rl.algo = "grpo"                    # group advantages; DAPO through the knobs below
-  c.rl.steps = 0
-  c.rl.prompts_per_step = 8
-  c.rl.group_size = 8
-  c.rl.temperature = 1.0
-  c.rl.top_k = 0
-  c.rl.top_p = 1.0
+  # DAPO: clip-higher, token-level loss, dynamic sampling, a tiny KL (the paper's table: 1e-4).
   c.rl.max_new_tokens = 48              # per turn
-  c.rl.lr = 1e-4
-  c.rl.warmup_ratio = 0.0
-  c.rl.weight_decay = 0.0
-  c.rl.max_grad_norm = 1.0
   c.rl.kl_beta = 1e-4
-  c.rl.kl_estimator = "k3"              # k1 | k2 | k3
-  c.rl.clip_eps_low = 0.2               # DAPO clip-higher
   c.rl.clip_eps_high = 0.28
-  c.rl.dual_clip = 0.0
-  c.rl.aggregation = "token_mean"       # DAPO token-level loss
-  c.rl.scale_std = True
-  c.rl.adv_eps = 1e-4
-  c.rl.mu = 1
-  c.rl.micro_batches = 1
-  c.rl.dynamic_sampling = True          # DAPO: refill groups whose rewards are all equal
+  c.rl.aggregation = "token_mean"
+  c.rl.dynamic_sampling = True          # refill groups whose rewards are all equal
   c.rl.dynamic_max_tries = 2
   c.rl.pack_bucket = 128
 
@@ -122,12 +69,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.retrieval = ml_collections.ConfigDict(dict(
       backend="exact", corpus="", encoder_path="", cache_dir=""))
 
-  c.eval = ml_collections.ConfigDict(dict(
-      every=0, num_examples=200, max_new_tokens=48, batch_size=64, judge_url="",
-      judge_model="", baselines=True, naive_k=5))
-  c.checkpoint = ml_collections.ConfigDict(dict(every=50, keep=2))
-  c.log_every = 5
-  c.export_hf = True
+  c.eval.max_new_tokens = 48
+  c.eval.baselines = True               # no-retrieval and naive-RAG pipelines in the report
+  c.eval.naive_k = 5
   return c
 
 
@@ -181,16 +125,10 @@ def get_config(arg: str = ""):
     c.checkpoint.every = 1000           # the final checkpoint only (the report reloads it)
     c.export_hf = False
   elif arg == "paper":
-    c.data.source = "files"
+    config_base.use_hf_model(c)         # set --config.model.path=/path/to/an-instruct-model
     c.data.mix = ("2wiki:train",)
     c.data.train_frac = 0.8
     c.data.max_eval = 1000
-    c.model.init = "hf"
-    c.model.path = ""                   # set --config.model.path=/path/to/an-instruct-model
-    c.model.dtype = "bfloat16"
-    c.model.remat = True
-    c.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=-1, tensor=1))
-    c.sft.steps = 0
     c.rl.steps = 500
     c.rl.prompts_per_step = 32
     c.rl.group_size = 32

@@ -440,19 +440,8 @@ def _retriever(config, corpus, encoder=None):
 
 
 def _tokenizer(config, task):
-  if config.model.init == "hf":
-    from rlrag_jax.models.hf_io import load_tokenizer
-    tok = load_tokenizer(config.model.path)
-    if tok is None:
-      raise ValueError(f"config key 'model.path' ({config.model.path}) has no tokenizer files")
-    return tok
-  from rlrag_jax.data.tokenizer import train_tokenizer
-  out = pathlib.Path(config.workdir) / "tokenizer"
-  if (out / "tokenizer.json").exists():
-    import transformers
-    return transformers.AutoTokenizer.from_pretrained(str(out), local_files_only=True)
-  return train_tokenizer(task.tokenizer_texts(), vocab_size=config.model.vocab_size,
-                         special_tokens=SPECIAL_TOKENS, out_dir=str(out))
+  from rlrag_jax.data.tokenizer import tokenizer_for
+  return tokenizer_for(config.model, config.workdir, task.tokenizer_texts, SPECIAL_TOKENS)
 
 
 def make_task(config) -> SearchTask:
