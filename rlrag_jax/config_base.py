@@ -9,8 +9,9 @@ trainer (`rlrag_jax.trainer`) reads these sections for every method:
             override for 'files'), max_train / max_eval (0 = all), prompt_style ('paper' |
             'compact'), skip_invalid (count and skip malformed records instead of failing).
   model     init ('scratch' | 'hf'), path (HF checkpoint dir when 'hf'), chat_template, dtype,
-            remat, and the from-scratch shape (vocab_size is the size of the tokenizer trained
-            on the world's text).
+            remat, attention_block (> 0: key-blocked attention with an online softmax, no
+            [T, S] score matrix: for long contexts; 0: dense), and the from-scratch shape
+            (vocab_size is the size of the tokenizer trained on the world's text).
   mesh      data / fsdp / tensor axis sizes (-1: the rest of the devices).
   distributed  jax.distributed.initialize arguments for multi-host runs.
   sft       warm-up: steps (0 = none), batch_size, lr, warmup_ratio, weight_decay, max_len,
@@ -41,7 +42,7 @@ def trainer_config(method: str, workdir: str) -> ml_collections.ConfigDict:
 
   c.model = ml_collections.ConfigDict(dict(
       init="scratch", path="", chat_template=True, dtype="float32", remat=False,
-      vocab_size=2048, hidden_size=128, intermediate_size=384, num_layers=4, num_heads=4,
+      attention_block=0, vocab_size=2048, hidden_size=128, intermediate_size=384, num_layers=4, num_heads=4,
       num_kv_heads=2, head_dim=32, max_position_embeddings=1024))
 
   c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
@@ -67,13 +68,16 @@ def trainer_config(method: str, workdir: str) -> ml_collections.ConfigDict:
   return c
 
 
-def use_hf_model(c: ml_collections.ConfigDict, *, remat: bool = True) -> None:
+def use_hf_model(c: ml_collections.ConfigDict, *, remat: bool = True,
+                 attention_block: int = 512) -> None:
   """The accelerator presets' model and mesh: an HF checkpoint in bf16 (set model.path),
-  parameters sharded over all devices (FSDP), no SFT warm-up."""
+  rematerialised blocks and key-blocked attention (contexts of thousands of tokens), parameters
+  sharded over all devices (FSDP), no SFT warm-up."""
   c.data.source = "files"
   c.model.init = "hf"
   c.model.path = ""
   c.model.dtype = "bfloat16"
   c.model.remat = remat
+  c.model.attention_block = attention_block
   c.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=-1, tensor=1))
   c.sft.steps = 0

@@ -80,3 +80,12 @@ def test_run_writes_report_and_exports_a_transformers_checkpoint(tmp_path):
   # And `export` from the run directory gives the same files' logits.
   lm = trainer.load_trained(work)
   np.testing.assert_allclose(np.asarray(lm.logits(ids)), ours, atol=1e-6)
+
+
+def test_build_model_carries_the_attention_block_and_remat(tmp_path):
+  from rlrag_jax.generate import byte_level_tokenizer
+  c = tiny_config(tmp_path)
+  c.model.attention_block, c.model.remat = 16, True
+  cfg, params = trainer.build_model(c, byte_level_tokenizer())
+  assert cfg.attention_block == 16 and cfg.remat
+  assert jax.tree_util.tree_leaves(params)

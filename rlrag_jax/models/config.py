@@ -74,6 +74,8 @@ class ModelConfig:
   dtype: str = "float32"                # compute dtype
   param_dtype: str = "float32"
   remat: bool = False                   # rematerialise each block in the backward pass
+  attention_block: int = 0              # > 0: attention over key blocks of this size with an
+                                        # online softmax (no [T, S] score matrix; long contexts)
 
   @property
   def compute_dtype(self):

@@ -174,7 +174,11 @@ class Attention(nn.Module):
       k = jax.lax.dynamic_update_slice(ck, k.astype(ck.dtype), (0, index, 0, 0))
       v = jax.lax.dynamic_update_slice(cv, v.astype(cv.dtype), (0, index, 0, 0))
       new_kv = {"k": k, "v": v}
-    out = _attend(q, k.astype(q.dtype), v.astype(q.dtype), allowed)  # [B, T, H, D]
+    if cfg.attention_block > 0 and q.shape[1] > 1:
+      out = attend_blocked(q, k.astype(q.dtype), v.astype(q.dtype), allowed,
+                           cfg.attention_block)                     # [B, T, H, D]
+    else:
+      out = _attend(q, k.astype(q.dtype), v.astype(q.dtype), allowed)  # [B, T, H, D]
     out = _constrain(out, ("activation_batch", "activation_length", "activation_heads", None))
     y = _einsum((h, d, e), "bthd,hde->bte", ("heads", "head_dim", "embed"), cfg, "o_proj",
                 cfg.o_proj_bias, ("norm",))(out)
@@ -191,6 +195,52 @@ def _attend(q, k, v, allowed):
   scores = jnp.where(allowed[:, :, None], scores, jnp.finfo(jnp.float32).min)
   probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
   out = jnp.einsum("bkgts,bskd->btkgd", probs, v, preferred_element_type=jnp.float32)
+  return out.astype(q.dtype).reshape(b, t, h, d)
+
+
+def attend_blocked(q, k, v, allowed, block: int):
+  """`_attend` without the [T, S] score matrix: keys in blocks of `block` under an online
+  softmax (running max and sum per query), each block recomputed in the backward pass, so
+  memory grows with T * block instead of T * S. Equal to `_attend` on every query with at
+  least one allowed key; a query with none (a left-padding slot, never read) gets zeros.
+  """
+  b, t, h, d = q.shape
+  s, kv = k.shape[1], k.shape[2]
+  g = h // kv
+  nb = -(-s // block)
+  pad = nb * block - s
+  if pad:
+    k = jnp.pad(k, ((0, 0), (0, pad), (0, 0), (0, 0)))
+    v = jnp.pad(v, ((0, 0), (0, pad), (0, 0), (0, 0)))
+    allowed = jnp.pad(allowed, ((0, 0), (0, 0), (0, 0), (0, pad)))
+  qg = q.reshape(b, t, kv, g, d)
+  kb = jnp.moveaxis(k.reshape(b, nb, block, kv, d), 1, 0)               # [N, B, blk, K, D]
+  vb = jnp.moveaxis(v.reshape(b, nb, block, kv, d), 1, 0)
+  ab = jnp.moveaxis(allowed[:, 0].reshape(b, t, nb, block), 2, 0)        # [N, B, T, blk]
+  scale = np.float32(1.0 / math.sqrt(d))
+  neg = jnp.finfo(jnp.float32).min
+
+  @jax.checkpoint
+  def step(carry, xs):
+    m, l, acc = carry              # [B, K, G, T], [B, K, G, T], [B, T, K, G, D] (f32)
+    kc, vc, ac = xs
+    sc = jnp.einsum("btkgd,bskd->bkgts", qg, kc, preferred_element_type=jnp.float32) * scale
+    ok = ac[:, None, None]                                               # [B, 1, 1, T, blk]
+    sc = jnp.where(ok, sc, neg)
+    m_new = jnp.maximum(m, jnp.max(sc, axis=-1))
+    p = jnp.where(ok, jnp.exp(sc - m_new[..., None]), 0.0)
+    corr = jnp.exp(m - m_new)
+    l = l * corr + jnp.sum(p, axis=-1)
+    pv = jnp.einsum("bkgts,bskd->btkgd", p.astype(vc.dtype), vc,
+                    preferred_element_type=jnp.float32)
+    acc = acc * jnp.moveaxis(corr, 3, 1)[..., None] + pv
+    return (m_new, l, acc), None
+
+  init = (jnp.full((b, kv, g, t), neg, jnp.float32), jnp.zeros((b, kv, g, t), jnp.float32),
+          jnp.zeros((b, t, kv, g, d), jnp.float32))
+  (_, l, acc), _ = jax.lax.scan(step, init, (kb, vb, ab))
+  l = jnp.moveaxis(l, 3, 1)[..., None]                                  # [B, T, K, G, 1]
+  out = jnp.where(l > 0, acc / jnp.where(l > 0, l, 1.0), 0.0)
   return out.astype(q.dtype).reshape(b, t, h, d)
 
 
