@@ -50,18 +50,35 @@ class RunLog:
       self._tb.close()
 
 
+def subplots(*args, **kw):
+  """matplotlib's `plt.subplots` on the file-only Agg backend (no display needed)."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  return plt.subplots(*args, **kw)
+
+
+def save_figure(fig, out_png, title: str = "") -> pathlib.Path:
+  """Titles, lays out, writes (PNG, 110 dpi) and closes `fig`; returns the path."""
+  import matplotlib.pyplot as plt
+  if title:
+    fig.suptitle(title)
+  fig.tight_layout()
+  out = pathlib.Path(out_png)
+  fig.savefig(out, dpi=110)
+  plt.close(fig)
+  return out
+
+
 def plot_curves(rows: Sequence[dict], keys: Sequence[str], out_png, title: str = "",
                 smooth: int = 5) -> Optional[pathlib.Path]:
   """One panel per key (raw and moving average) against step; returns the path or None."""
   keys = [k for k in keys if any(isinstance(r.get(k), (int, float)) for r in rows)]
   if not keys:
     return None
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
   cols = min(3, len(keys))
   nrows = -(-len(keys) // cols)
-  fig, axes = plt.subplots(nrows, cols, figsize=(4.2 * cols, 3.0 * nrows), squeeze=False)
+  fig, axes = subplots(nrows, cols, figsize=(4.2 * cols, 3.0 * nrows), squeeze=False)
   for ax, k in zip(axes.flat, keys):
     pts = [(r["step"], r[k]) for r in rows if isinstance(r.get(k), (int, float))]
     xs, ys = np.array([p[0] for p in pts]), np.array([p[1] for p in pts], float)
@@ -74,13 +91,7 @@ def plot_curves(rows: Sequence[dict], keys: Sequence[str], out_png, title: str =
     ax.grid(alpha=0.3)
   for ax in list(axes.flat)[len(keys):]:
     ax.axis("off")
-  if title:
-    fig.suptitle(title)
-  fig.tight_layout()
-  out = pathlib.Path(out_png)
-  fig.savefig(out, dpi=110)
-  plt.close(fig)
-  return out
+  return save_figure(fig, out_png, title)
 
 
 def format_table(rows: Sequence[Mapping], columns: Iterable[str], title: str = "") -> str:

@@ -201,13 +201,10 @@ def plot(runs: dict, out_png, spike_factor: float = 3.0) -> Optional[pathlib.Pat
   """KL (k3 and own estimator), gradient norm and reward of every run on one PNG."""
   if not runs:
     return None
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
   panels = [("kl_k3", "KL estimated with k3", False), ("kl", "KL, run's own estimator", False),
             ("grad_norm", f"grad norm (dashed: {spike_factor:g} x median)", True),
             ("reward/total", "reward/total", False)]
-  fig, axes = plt.subplots(2, 2, figsize=(10, 6.5))
+  fig, axes = runlog.subplots(2, 2, figsize=(10, 6.5))
   for ax, (key, title, log_y) in zip(axes.flat, panels):
     for i, (name, rows) in enumerate(runs.items()):
       pts = [(r["step"], _num(r.get(key))) for r in rows if key in r]
@@ -225,12 +222,7 @@ def plot(runs: dict, out_png, spike_factor: float = 3.0) -> Optional[pathlib.Pat
     ax.set_xlabel("step", fontsize=8)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-  fig.suptitle("KL-estimator stability")
-  fig.tight_layout()
-  out = pathlib.Path(out_png)
-  fig.savefig(out, dpi=110)
-  plt.close(fig)
-  return out
+  return runlog.save_figure(fig, out_png, "KL-estimator stability")
 
 
 # ------------------------------------------------------------------------------------ main

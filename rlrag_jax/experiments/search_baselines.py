@@ -108,11 +108,8 @@ def stage_comparison(curve: list, stage2_step: int) -> dict:
 
 def plot_curve(curve: list, stage2_step: int, out_png) -> pathlib.Path:
   """Accuracy / EM and mean RC against the RL step, and accuracy against RC."""
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
   xs = [r["rl_step"] for r in curve]
-  fig, (ax, ax2) = plt.subplots(1, 2, figsize=(10, 3.6))
+  fig, (ax, ax2) = runlog.subplots(1, 2, figsize=(10, 3.6))
   ax.plot(xs, [r["accuracy"] for r in curve], "o-", label="accuracy")
   ax.plot(xs, [r["em"] for r in curve], "s--", label="EM", alpha=0.7)
   ax.set_xlabel("RL step")
@@ -132,12 +129,7 @@ def plot_curve(curve: list, stage2_step: int, out_png) -> pathlib.Path:
   ax2.set_xlabel("mean retrieval count (RC)")
   ax2.set_ylabel("held-out accuracy")
   ax2.grid(alpha=0.3)
-  fig.suptitle("Accuracy vs retrieval count across training")
-  fig.tight_layout()
-  out = pathlib.Path(out_png)
-  fig.savefig(out, dpi=110)
-  plt.close(fig)
-  return out
+  return runlog.save_figure(fig, out_png, "Accuracy vs retrieval count across training")
 
 
 def write_report(task, workdir, rlog) -> dict:
