@@ -250,11 +250,12 @@ class MLP(nn.Module):
   @nn.compact
   def __call__(self, x):
     cfg = self.config
-    gate = _cast_back(_dense(cfg.intermediate_size, ("embed", "mlp"), cfg, "gate_proj"), cfg)(x)
-    up = _cast_back(_dense(cfg.intermediate_size, ("embed", "mlp"), cfg, "up_proj"), cfg)(x)
+    proj = lambda features, axes, name: _cast_back(_dense(features, axes, cfg, name), cfg)
+    gate = proj(cfg.intermediate_size, ("embed", "mlp"), "gate_proj")(x)
+    up = proj(cfg.intermediate_size, ("embed", "mlp"), "up_proj")(x)
     hidden = _constrain(nn.silu(gate) * up, ("activation_batch", "activation_length",
                                              "activation_mlp"))
-    return _cast_back(_dense(cfg.hidden_size, ("mlp", "embed"), cfg, "down_proj"), cfg)(hidden)
+    return proj(cfg.hidden_size, ("mlp", "embed"), "down_proj")(hidden)
 
 
 class Block(nn.Module):

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rlrag_jax.models.config import ModelConfig
-from rlrag_jax.models.decoder import apply_rope, rope_inv_freq
+from rlrag_jax.models.decoder import accumulates_in_f32, apply_rope, rope_inv_freq
 
 
 def _flat_kernel(w):
@@ -61,11 +61,11 @@ def pack_params(config: ModelConfig, params) -> dict:
   return out
 
 
-def _mm(x, w, dtype):
+def _mm(x, w, config: ModelConfig):
   """x @ w in the compute dtype; reduced dtypes accumulate in f32 (as DecoderLM does)."""
-  if jnp.dtype(dtype) == jnp.float32:
+  if not accumulates_in_f32(config):
     return jnp.dot(x, w)
-  return jnp.dot(x, w, preferred_element_type=jnp.float32).astype(dtype)
+  return jnp.dot(x, w, preferred_element_type=jnp.float32).astype(config.compute_dtype)
 
 
 def _rms(x, w, eps, dtype):
@@ -98,7 +98,7 @@ def decode_step(config: ModelConfig, packed, tokens, active, cache):
   new_layers = []
   for lp, lc in zip(packed["layers"], cache["layers"]):
     y = _rms(x, lp["ln1"], config.rms_norm_eps, dt)
-    qkv = _mm(y, lp["qkv"], dt)                                            # [B, (H+2K)*D]
+    qkv = _mm(y, lp["qkv"], config)                                        # [B, (H+2K)*D]
     if "qkv_bias" in lp:
       qkv = qkv + lp["qkv_bias"]
     q = qkv[:, :h * d].reshape(b, h, d)
@@ -113,14 +113,14 @@ def decode_step(config: ModelConfig, packed, tokens, active, cache):
     scores = jnp.where(key_mask[:, :, None, None], scores, neg)
     probs = jax.nn.softmax(scores, axis=1).astype(dt)
     out = jnp.sum(probs[..., None] * cv[:, :, :, None, :].astype(dt), axis=1)  # [B, K, G, D]
-    y = _mm(out.reshape(b, h * d), lp["o"], dt)
+    y = _mm(out.reshape(b, h * d), lp["o"], config)
     if "o_bias" in lp:
       y = y + lp["o_bias"]
     x = x + y
     y = _rms(x, lp["ln2"], config.rms_norm_eps, dt)
-    gu = _mm(y, lp["gate_up"], dt)                                         # [B, 2F]
+    gu = _mm(y, lp["gate_up"], config)                                     # [B, 2F]
     f = gu.shape[-1] // 2
-    x = x + _mm(jax.nn.silu(gu[:, :f]) * gu[:, f:], lp["down"], dt)
+    x = x + _mm(jax.nn.silu(gu[:, :f]) * gu[:, f:], lp["down"], config)
   x = _rms(x, packed["norm"], config.rms_norm_eps, dt)
   tied = config.tie_word_embeddings
   head = (packed["embed"].T if tied else packed["lm_head"]).astype(dt)   # [E, V]
