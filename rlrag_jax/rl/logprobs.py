@@ -24,12 +24,31 @@ def token_logprobs(logits: Array, targets: Array) -> Array:
 
   Returns:
     [...] float32 log-probabilities. Uses logsumexp + a gather, so the full [..., V] log-softmax
-    is never materialised.
+    is never materialised; the gradient is `g * (onehot(target) - softmax)`, written as one
+    elementwise pass (autodiff's would scatter into a zero [..., V] buffer for the gather).
   """
-  logits = logits.astype(jnp.float32)
+  return _picked_logprob(logits.astype(jnp.float32), targets.astype(jnp.int32))
+
+
+def _picked_logprob_fwd(logits: Array, targets: Array):
   lse = jax.nn.logsumexp(logits, axis=-1)                                    # [...]
-  picked = jnp.take_along_axis(logits, targets[..., None].astype(jnp.int32), axis=-1)[..., 0]
-  return picked - lse
+  picked = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+  return picked - lse, (logits, lse, targets)
+
+
+def _picked_logprob_bwd(res, g):
+  logits, lse, targets = res
+  onehot = jnp.arange(logits.shape[-1], dtype=jnp.int32) == targets[..., None]
+  probs = jnp.exp(logits - lse[..., None])
+  return g[..., None] * (onehot.astype(logits.dtype) - probs), None
+
+
+@jax.custom_vjp
+def _picked_logprob(logits: Array, targets: Array) -> Array:
+  return _picked_logprob_fwd(logits, targets)[0]
+
+
+_picked_logprob.defvjp(_picked_logprob_fwd, _picked_logprob_bwd)
 
 
 def token_entropy(logits: Array) -> Array:
@@ -52,20 +71,22 @@ def shift_logprobs(logits: Array, input_ids: Array, with_entropy: bool = False,
 
 
 def predicted_logprobs(pred: Array, input_ids: Array, with_entropy: bool = False,
-                       temperature: float = 1.0):
-  """Like `shift_logprobs`, from the logits of positions 0..T-2 only: pred [B, T-1, V].
+                       temperature: float = 1.0, start: int = 0):
+  """Like `shift_logprobs`, from the logits of positions start..T-2 only: pred [B, T-1-start, V].
 
   A model that projects only those positions onto the vocabulary skips the slice of the full
   [B, T, V] logits, and with it a full-size copy in the backward pass (the slice's transpose
-  pads the logits gradient back to T columns before the head's weight gradient).
+  pads the logits gradient back to T columns before the head's weight gradient). With
+  `start > 0` (see `rollout.batch.logits_start`) the prompt's positions are skipped too: the
+  outputs are still [B, T], with 0 at positions 0..start, which no target there may need.
   """
   if temperature != 1.0:
     pred = pred.astype(jnp.float32) / temperature
-  lp = token_logprobs(pred, input_ids[:, 1:])                                # [B, T-1]
-  lp = jnp.pad(lp, ((0, 0), (1, 0)))
+  lp = token_logprobs(pred, input_ids[:, start + 1:])                        # [B, T-1-start]
+  lp = jnp.pad(lp, ((0, 0), (start + 1, 0)))
   if not with_entropy:
     return lp
-  ent = jnp.pad(token_entropy(jax.lax.stop_gradient(pred)), ((0, 0), (1, 0)))
+  ent = jnp.pad(token_entropy(jax.lax.stop_gradient(pred)), ((0, 0), (start + 1, 0)))
   return lp, ent
 
 
