@@ -26,7 +26,7 @@ from rlrag_jax.data.pipeline import BatchIterator
 from rlrag_jax.models import DecoderLM, LM, ModelConfig, hf_io, init_params, load_hf, save_hf
 from rlrag_jax.rl import advantages as adv_lib
 from rlrag_jax.rl import dynamic_sampling
-from rlrag_jax.rollout.batch import pack
+from rlrag_jax.rollout.batch import logits_start, pack
 from rlrag_jax.rollout.policy import Policy
 from rlrag_jax.tasks import get_task
 
@@ -192,7 +192,8 @@ def run(config, *, resume: bool = False, progress: bool = True,
              else None)      # optional: 0 on target tokens the environment wrote
     batch = pack(prompts, targets, masks, pad_id=pad, max_len=config.sft.max_len,
                  bucket=config.sft.pack_bucket)
-    state, m = steps.sft_step(state, sharding.shard_batch(batch, mesh))
+    start = logits_start(batch["loss_mask"], config.sft.pack_bucket)
+    state, m = steps.sft_step(state, sharding.shard_batch(batch, mesh), start)
     _log_step(rlog, step, "sft", m, config.log_every, bar)
     if config.checkpoint.every and step % config.checkpoint.every == 0:
       save(step, "sft")
@@ -228,13 +229,14 @@ def run(config, *, resume: bool = False, progress: bool = True,
     batch = pack([e.prompt_ids for e in episodes], [e.completion_ids for e in episodes],
                  [e.loss_mask for e in episodes], pad_id=pad, bucket=config.rl.pack_bucket)
     batch["advantages"] = adv.astype(np.float32)
+    start = logits_start(batch["loss_mask"], config.rl.pack_bucket)
     batch = sharding.shard_batch(batch, mesh)
     if config.rl.mu > 1:      # with one update per batch the step's own stop_gradient suffices
-      batch["old_logp"] = steps.logp(state.params, batch)
+      batch["old_logp"] = steps.logp(state.params, batch, start)
     if steps.with_ref:
-      batch["ref_logp"] = steps.logp(ref_params, batch)
+      batch["ref_logp"] = steps.logp(ref_params, batch, start)
     for _ in range(config.rl.mu):
-      state, m = steps.rl_step(state, batch)
+      state, m = steps.rl_step(state, batch, start)
     m = {k: float(v) for k, v in m.items()}
     for comp in scores[0]:
       m[f"reward/{comp}"] = float(np.mean([s[comp] for s in scores]))

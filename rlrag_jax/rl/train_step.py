@@ -31,11 +31,13 @@ Design choices:
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable, Optional
 
 import flax
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding
 
@@ -244,29 +246,40 @@ def _constrain(x: Array, names, mesh: Mesh, rules) -> Array:
   return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
 
 
-def _predictor_logits(lm, input_ids, attention_mask):
-  """DecoderLM method: logits of positions 0..T-2 only, the predictors of tokens 1..T-1.
+def _predictor_logits(lm, input_ids, attention_mask, start: int = 0):
+  """DecoderLM method: logits of positions start..T-2 only, the predictors of tokens
+  start+1..T-1.
 
   Slicing the hidden states [B, T, E] instead of the logits [B, T, V] saves a full-size copy of
   the logits (and of their gradient) per step; on XLA:CPU that copy was ~20% of a small
-  model's policy update.
+  model's policy update. `start` skips the prompt's positions as well, whose logits no loss
+  reads (TRL's `logits_to_keep`): the head's matmul, the softmax and their gradients shrink to
+  the completion's width.
   """
   h, _ = lm.model(input_ids, attention_mask)
-  h = h[:, :-1]                                                              # [B, T-1, E]
+  h = h[:, start:-1]                                                         # [B, T-1-start, E]
   logits = lm.model.attend(h) if lm.config.tie_word_embeddings else lm.lm_head(h)
-  return logits.astype(jnp.float32)                                          # [B, T-1, V]
+  return logits.astype(jnp.float32)                                          # [B, T-1-start, V]
 
 
-def _pred_logits(module, params, mb, mesh, rules):
-  logits = module.apply({"params": params}, mb["input_ids"], mb["attention_mask"],
+def _pred_logits(module, params, mb, mesh, rules, start: int):
+  logits = module.apply({"params": params}, mb["input_ids"], mb["attention_mask"], start,
                         method=_predictor_logits)
   return _constrain(logits, ("activation_batch", "activation_length", "activation_vocab"),
-                    mesh, rules)                                             # [b, T-1, V]
+                    mesh, rules)                                             # [b, T-1-start, V]
 
 
-def _apply_logits(module, params, mb, temperature, with_entropy, mesh, rules):
-  return predicted_logprobs(_pred_logits(module, params, mb, mesh, rules), mb["input_ids"],
-                            with_entropy=with_entropy, temperature=temperature)
+def _apply_logits(module, params, mb, temperature, with_entropy, mesh, rules, start: int):
+  return predicted_logprobs(_pred_logits(module, params, mb, mesh, rules, start),
+                            mb["input_ids"], with_entropy=with_entropy, temperature=temperature,
+                            start=start)
+
+
+def _check_start(start, width: int, where: str) -> int:
+  if not isinstance(start, (int, np.integer)) or not 0 <= int(start) <= width - 2:
+    raise ValueError(f"{where}: logits_start={start!r} must be an int in [0, T - 2] = "
+                     f"[0, {width - 2}] (see rollout.batch.logits_start)")
+  return int(start)
 
 
 def _make_update_step(mb_loss: Callable, norms_fn: Callable, finalize: Callable, opt, mesh: Mesh,
@@ -274,16 +287,20 @@ def _make_update_step(mb_loss: Callable, norms_fn: Callable, finalize: Callable,
                       lr_schedule: Optional[Callable]):
   """Shared machinery: scan over micro-batches, accumulate grads, skip non-finite, update.
 
-  mb_loss(params, mb, norms) -> (loss already divided by the whole-batch normaliser, sums dict)
-  norms_fn(batch) -> dict of whole-batch normalisers; finalize(sums, norms) -> metrics dict.
+  mb_loss(params, mb, norms, start) -> (loss already divided by the whole-batch normaliser,
+  sums dict); `start` is the step's static `logits_start` (the first position whose logits any
+  loss token needs). norms_fn(batch) -> dict of whole-batch normalisers; finalize(sums, norms)
+  -> metrics dict. The jitted step is `step(state, batch, logits_start=0)`; each distinct
+  logits_start compiles once.
   """
 
-  def step(state: TrainState, batch: dict):
+  def step(state: TrainState, batch: dict, logits_start: int = 0):
     _check_batch(batch, required, where)
     batch_size = batch["input_ids"].shape[0]
     _check_micro(batch_size, micro_batches, mesh, where)
+    start = _check_start(logits_start, batch["input_ids"].shape[1], where)
     norms = norms_fn(batch)
-    grad_fn = jax.value_and_grad(mb_loss, has_aux=True)
+    grad_fn = jax.value_and_grad(functools.partial(mb_loss, start=start), has_aux=True)
     if micro_batches == 1:
       mb = jax.tree_util.tree_map(
           lambda x: jax.lax.with_sharding_constraint(x, shd.batch_sharding(mesh)), batch)
@@ -292,7 +309,8 @@ def _make_update_step(mb_loss: Callable, norms_fn: Callable, finalize: Callable,
     else:
       mbs = jax.tree_util.tree_map(lambda x: _split_micro(x, micro_batches, mesh), batch)
       first = jax.tree_util.tree_map(lambda x: x[0], mbs)
-      sums_shape = jax.eval_shape(mb_loss, state.params, first, norms)[1]
+      sums_shape = jax.eval_shape(functools.partial(mb_loss, start=start), state.params, first,
+                                  norms)[1]
       zeros_g = jax.tree_util.tree_map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params)
       zeros_g = jax.lax.with_sharding_constraint(zeros_g, state_sh.params)
       zeros_s = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), sums_shape)
@@ -321,19 +339,23 @@ def _make_update_step(mb_loss: Callable, norms_fn: Callable, finalize: Callable,
     return new_state, metrics
 
   return jax.jit(step, in_shardings=(state_sh, shd.batch_sharding(mesh)),
-                 out_shardings=(state_sh, shd.replicated(mesh)), donate_argnums=(0,))
+                 out_shardings=(state_sh, shd.replicated(mesh)), donate_argnums=(0,),
+                 static_argnums=(2,))
 
 
 # ------------------------------------------------------------------------------------ policy
 def make_policy_step(module, opt, mesh: Mesh, loss_cfg: LossConfig = LossConfig(), *,
                      micro_batches: int = 1, lr_schedule: Optional[Callable] = None,
                      rules=shd.RULES):
-  """GRPO / DAPO / Dr. GRPO update: `state, metrics = step(state, batch)`.
+  """GRPO / DAPO / Dr. GRPO update: `state, metrics = step(state, batch, logits_start=0)`.
 
   batch: input_ids [B, T], attention_mask [B, T], loss_mask [B, T], advantages [B] or [B, T],
   old_logp [B, T] (optional: absent means on-policy, ratio 1), ref_logp [B, T] (required when
   loss_cfg.beta > 0; when present with beta = 0 it only feeds the 'kl' metric).
   B must split into `micro_batches` micro-batches, each a multiple of data x fsdp.
+  logits_start (static int, `rollout.batch.logits_start`): logits are computed for positions
+  logits_start..T-2 only; no loss_mask token may sit at or before it. The ref_logp / old_logp
+  entries are read at loss tokens only, so they may come from the same window.
 
   metrics: loss, pg_loss, kl (the configured estimator; with ref_logp also kl_k1, kl_k2, kl_k3,
   each estimator's token mean), clip_frac (+ _low / _high), dual_clip_frac, entropy,
@@ -344,8 +366,9 @@ def make_policy_step(module, opt, mesh: Mesh, loss_cfg: LossConfig = LossConfig(
 
   norms_fn = _token_norms(cfg.aggregation, cfg.max_completion_len)
 
-  def mb_loss(params, mb, norms):
-    out = _apply_logits(module, params, mb, cfg.temperature, cfg.compute_entropy, mesh, rules)
+  def mb_loss(params, mb, norms, start):
+    out = _apply_logits(module, params, mb, cfg.temperature, cfg.compute_entropy, mesh, rules,
+                        start)
     logp, ent = out if cfg.compute_entropy else (out, None)
     m = _loss_mask(mb["loss_mask"])
     old = mb.get("old_logp")
@@ -391,6 +414,7 @@ def make_sft_step(module, opt, mesh: Mesh, *, aggregation: str = "token_mean",
                   max_len: Optional[int] = None, micro_batches: int = 1,
                   lr_schedule: Optional[Callable] = None, rules=shd.RULES):
   """Masked cross-entropy update. batch: input_ids, attention_mask, loss_mask (1 on targets).
+  `state, metrics = step(state, batch, logits_start=0)`, logits_start as in `make_policy_step`.
 
   metrics: loss, accuracy (greedy next-token hits on targets), tokens, grad_norm, skipped, lr.
   """
@@ -399,13 +423,13 @@ def make_sft_step(module, opt, mesh: Mesh, *, aggregation: str = "token_mean",
 
   norms_fn = _token_norms(aggregation, max_len)
 
-  def mb_loss(params, mb, norms):
-    pred = _pred_logits(module, params, mb, mesh, rules)                  # [b, T-1, V]
-    logp = predicted_logprobs(pred, mb["input_ids"])
+  def mb_loss(params, mb, norms, start):
+    pred = _pred_logits(module, params, mb, mesh, rules, start)           # [b, T-1-start, V]
+    logp = predicted_logprobs(pred, mb["input_ids"], start=start)
     m = _loss_mask(mb["loss_mask"])
     num, _ = aggregation_terms(-logp, m, aggregation, max_len)
-    hit = (jnp.argmax(pred, axis=-1) == mb["input_ids"][:, 1:]).astype(jnp.float32)
-    hit = jnp.pad(hit, ((0, 0), (1, 0)))
+    hit = (jnp.argmax(pred, axis=-1) == mb["input_ids"][:, start + 1:]).astype(jnp.float32)
+    hit = jnp.pad(hit, ((0, 0), (start + 1, 0)))
     return num / norms["den"], {"accuracy": jnp.sum(hit * m)}
 
   def finalize(sums, norms):
@@ -439,7 +463,8 @@ def make_value_step(module, opt, mesh: Mesh, *, clip_eps: Optional[float] = 0.2,
 
   norms_fn = _token_norms(aggregation, max_len)
 
-  def mb_loss(params, mb, norms):
+  def mb_loss(params, mb, norms, start):
+    del start            # a scalar head per position: nothing to window
     raw, _ = module.apply({"params": params}, mb["input_ids"], mb["attention_mask"])
     v = shift_values(raw)
     m = _loss_mask(mb["loss_mask"])
@@ -464,32 +489,36 @@ def make_value_step(module, opt, mesh: Mesh, *, clip_eps: Optional[float] = 0.2,
 def _make_forward(fn: Callable, module, mesh: Mesh, micro_batches: int, rules, where: str):
   p_sh = shd.param_shardings(module, mesh, rules)
 
-  def forward(params, batch):
+  def forward(params, batch, logits_start: int = 0):
     _check_batch(batch, ["input_ids", "attention_mask"], where)
     batch = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
     _check_micro(batch["input_ids"].shape[0], micro_batches, mesh, where)
+    start = _check_start(logits_start, batch["input_ids"].shape[1], where)
     if micro_batches == 1:
-      return fn(params, batch)
+      return fn(params, batch, start)
     mbs = jax.tree_util.tree_map(lambda x: _split_micro(x, micro_batches, mesh), batch)
-    return _merge_micro(jax.lax.map(lambda mb: fn(params, mb), mbs), mesh)
+    return _merge_micro(jax.lax.map(lambda mb: fn(params, mb, start), mbs), mesh)
 
   return jax.jit(forward, in_shardings=(p_sh, shd.batch_sharding(mesh)),
-                 out_shardings=shd.batch_sharding(mesh))
+                 out_shardings=shd.batch_sharding(mesh), static_argnums=(2,))
 
 
 def make_logprob_fn(module, mesh: Mesh, *, temperature: float = 1.0, micro_batches: int = 1,
                     rules=shd.RULES):
-  """Jitted `logp = fn(params, batch)`: aligned per-token log-probs [B, T] (float32) for the
-  old_logp / ref_logp batch entries; works for the policy and the reference params alike."""
-  def fn(params, batch):
+  """Jitted `logp = fn(params, batch, logits_start=0)`: aligned per-token log-probs [B, T]
+  (float32) for the old_logp / ref_logp batch entries; works for the policy and the reference
+  params alike. With logits_start > 0, positions 0..logits_start hold 0."""
+  def fn(params, batch, start):
     return jax.lax.stop_gradient(_apply_logits(module, params, batch, temperature, False, mesh,
-                                               rules))
+                                               rules, start))
   return _make_forward(fn, module, mesh, micro_batches, rules, "make_logprob_fn")
 
 
 def make_value_fn(module, mesh: Mesh, *, micro_batches: int = 1, rules=shd.RULES):
-  """Jitted `values = fn(params, batch)`: critic values [B, T] aligned as in `shift_values`."""
-  def fn(params, batch):
+  """Jitted `values = fn(params, batch)`: critic values [B, T] aligned as in `shift_values`
+  (a logits_start argument is accepted and ignored)."""
+  def fn(params, batch, start):
+    del start
     raw, _ = module.apply({"params": params}, batch["input_ids"], batch["attention_mask"])
     return shift_values(raw)
   return _make_forward(fn, module, mesh, micro_batches, rules, "make_value_fn")

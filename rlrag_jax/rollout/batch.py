@@ -78,3 +78,23 @@ def pad_rows(batch: dict, multiple: int) -> tuple:
     pad = np.zeros((target - n,) + v.shape[1:], v.dtype)
     out[k] = np.concatenate([v, pad], axis=0)
   return out, n
+
+
+def logits_start(loss_mask, bucket: int = 16) -> int:
+  """The train steps' static `logits_start` for a packed batch [B, T]: logits are then computed
+  for positions logits_start..T-2 only. Their count, T - 1 - logits_start, is the span from the
+  position before the first loss token (in any row) to T - 2, rounded up to a multiple of
+  `bucket`, so that batches of similar layouts share one compiled program; no position before
+  the start predicts a loss token. 0 when nothing is masked in (every position is kept).
+  """
+  m = np.asarray(loss_mask)
+  if m.ndim != 2:
+    raise ValueError(f"logits_start: loss_mask must be [B, T]; got shape {m.shape}")
+  if bucket < 1:
+    raise ValueError(f"logits_start: bucket must be >= 1; got {bucket}")
+  cols = np.flatnonzero(m.any(axis=0))
+  if cols.size == 0:
+    return 0
+  width = m.shape[1]
+  keep = round_up(width - max(int(cols[0]), 1), bucket)   # predictors of cols[0]..T-1
+  return max(width - 1 - keep, 0)

@@ -206,6 +206,38 @@ def test_sft_step(setup):
   assert 0.0 <= float(metrics["accuracy"]) <= 1.0
 
 
+def test_logits_window_equals_full_logits(setup):
+  """`logits_start` (the prompt's logits skipped) changes nothing the losses read: the same
+  log-probs at every position after the start (0 before), the same policy and SFT updates."""
+  from rlrag_jax.rollout.batch import logits_start
+  model, params, batch, mesh = setup
+  start = logits_start(batch["loss_mask"], 1)
+  assert start == 3                              # row 1's first loss token sits in column 4
+  logp_fn = rl.make_logprob_fn(model, mesh, micro_batches=2)
+  full, win = np.asarray(logp_fn(params, batch)), np.asarray(logp_fn(params, batch, start))
+  np.testing.assert_allclose(win[:, start + 1:], full[:, start + 1:], atol=1e-6)
+  assert np.all(win[:, :start + 1] == 0)
+
+  opt = optax.sgd(1.0)
+  for make, data in ((lambda: rl.make_policy_step(model, opt, mesh, rl.LossConfig.preset("grpo"),
+                                                  micro_batches=2), batch),
+                     (lambda: rl.make_sft_step(model, opt, mesh, micro_batches=2),
+                      {k: batch[k] for k in ("input_ids", "attention_mask", "loss_mask")})):
+    step = make()
+    out = []
+    for s in (0, start):
+      state = rl.create_train_state(model, opt, mesh, params=params)
+      out.append(step(state, data, s))
+    (s0, m0), (s1, m1) = out
+    assert set(m0) == set(m1)
+    for k in m0:
+      assert float(m1[k]) == pytest.approx(float(m0[k]), rel=1e-5, abs=1e-7), k
+    for a, b in zip(jax.tree_util.tree_leaves(s0.params), jax.tree_util.tree_leaves(s1.params)):
+      np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6)
+    with pytest.raises(ValueError, match="logits_start=9"):
+      step(rl.create_train_state(model, opt, mesh, params=params), data, T - 1)
+
+
 @pytest.mark.slow
 def test_value_step(setup):
   _, _, batch, mesh = setup

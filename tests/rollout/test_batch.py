@@ -1,0 +1,55 @@
+"""Packing prompts + completions, and the logits window the train steps may skip to."""
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from rlrag_jax.rollout.batch import logits_start, pack
+
+
+def test_pack_layout_by_hand():
+  b = pack([[5, 6, 7], [8]], [[1, 2], [3, 4, 9]], [[1, 1], [1, 0, 1]], pad_id=0, bucket=4)
+  # p_len 3, c_len 3 -> T = round_up(6, 4) = 8; completions start at column 3.
+  np.testing.assert_array_equal(b["input_ids"], [[5, 6, 7, 1, 2, 0, 0, 0],
+                                                 [0, 0, 8, 3, 4, 9, 0, 0]])
+  np.testing.assert_array_equal(b["attention_mask"], [[1, 1, 1, 1, 1, 0, 0, 0],
+                                                      [0, 0, 1, 1, 1, 1, 0, 0]])
+  np.testing.assert_array_equal(b["loss_mask"], [[0, 0, 0, 1, 1, 0, 0, 0],
+                                                 [0, 0, 0, 1, 0, 1, 0, 0]])
+  with pytest.raises(ValueError, match="row 0: loss mask has 1 entries for 2 tokens"):
+    pack([[1]], [[2, 3]], [[1]])
+
+
+def test_logits_start_by_hand():
+  m = np.zeros((2, 10), np.int32)
+  m[0, 9] = 1
+  assert logits_start(m, 1) == 8            # only position 8 predicts a loss token
+  assert logits_start(m, 4) == 5            # 4 positions kept: 5..8
+  m[1, 6:8] = 1
+  assert logits_start(m, 1) == 5            # the first loss column over all rows is 6
+  assert logits_start(m, 3) == 3            # span 5..8 is 4 positions -> 6 kept: 3..8
+  assert logits_start(m, 16) == 0           # rounding up past the row keeps everything
+  assert logits_start(np.zeros((3, 7)), 4) == 0
+  first = np.zeros((1, 5))
+  first[0, 0] = 1                           # a loss token in column 0 (never scored): keep all
+  assert logits_start(first, 1) == 0
+  with pytest.raises(ValueError, match=r"\[B, T\]"):
+    logits_start(np.zeros(5))
+  with pytest.raises(ValueError, match="bucket"):
+    logits_start(m, 0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 9), st.integers(0, 6)), min_size=1, max_size=5),
+       st.integers(1, 8))
+def test_logits_start_never_cuts_a_loss_token(rows, bucket):
+  prompts = [list(range(1, p + 1)) for p, _ in rows]
+  completions = [list(range(1, c + 1)) for _, c in rows]
+  b = pack(prompts, completions, bucket=4)
+  m, width = b["loss_mask"], b["loss_mask"].shape[1]
+  s = logits_start(m, bucket)
+  assert 0 <= s <= width - 2
+  cols = np.flatnonzero(m.any(axis=0))
+  if cols.size:
+    assert s < max(cols[0], 1)                      # the predictor of the first loss token
+    kept = width - 1 - s
+    assert kept % bucket == 0 or s == 0             # whole buckets unless clipped at 0
