@@ -14,7 +14,10 @@ both sides is the same work:
   * a reference forward (beta = 0.04, k3 on both sides: TRL's only estimator) and ONE optimizer
     update over the whole batch (TRL: num_iterations=1, gradient_accumulation_steps=1,
     steps_per_generation=1; ours: mu=1, micro_batches=1), GRPO's per-sequence loss mean (TRL
-    loss_type='grpo', ours aggregation='sequence_mean'), AdamW with global-norm clipping at 1.
+    loss_type='grpo', ours aggregation='sequence_mean'), AdamW with global-norm clipping at 1;
+  * no activation checkpointing on either side (TRL's GRPOConfig turns it on by default, which
+    would make TRL recompute its forward in the backward pass);
+  * logits only where a loss token needs them (TRL's `logits_to_keep`, ours `logits_start`).
 
 Ours is the trainer's RL step rebuilt from its public pieces (`trainer.Steps` from the ARENA
 config with overrides, `Policy`, `single_turn`, `group_advantages`, `pack`, `shard_batch`), the
@@ -141,7 +144,7 @@ def bench_ours(ckpt: pathlib.Path, prompts: list, shape: Shape, steps: int, warm
   from rlrag_jax import trainer
   from rlrag_jax.models import load_hf, sharding
   from rlrag_jax.rl import group_advantages
-  from rlrag_jax.rollout.batch import pack
+  from rlrag_jax.rollout.batch import logits_start, pack
   from rlrag_jax.rollout.policy import Policy
   from rlrag_jax.rollout.single_turn import single_turn
   from rlrag_jax.sampling import sampler
@@ -176,11 +179,12 @@ def bench_ours(ckpt: pathlib.Path, prompts: list, shape: Shape, steps: int, warm
     batch = pack([e.prompt_ids for e in eps], [e.completion_ids for e in eps],
                  [e.loss_mask for e in eps], pad_id=pad, bucket=config.rl.pack_bucket)
     batch["advantages"] = adv.astype(np.float32)
+    start = logits_start(batch["loss_mask"], config.rl.pack_bucket)
     batch = sharding.shard_batch(batch, mesh)
     t2 = time.perf_counter()
-    batch["ref_logp"] = jax.block_until_ready(st.logp(ref, batch))
+    batch["ref_logp"] = jax.block_until_ready(st.logp(ref, batch, start))
     t3 = time.perf_counter()
-    state, m = st.rl_step(state, batch)
+    state, m = st.rl_step(state, batch, start)
     m = {k: float(v) for k, v in m.items()}
     t4, c4 = time.perf_counter(), time.process_time()
     lengths = {len(e.completion_ids) for e in eps}
@@ -245,6 +249,7 @@ def bench_trl(ckpt: pathlib.Path, prompts: list, shape: Shape, steps: int, warmu
       temperature=1.0, top_k=0, top_p=1.0, beta=BETA, epsilon=0.2, loss_type="grpo",
       scale_rewards="group", learning_rate=LR, lr_scheduler_type="constant", warmup_steps=0,
       weight_decay=0.0, max_grad_norm=1.0, optim="adamw_torch", use_vllm=False,
+      activation_checkpointing=False,      # TRL's GRPO default is on; ours does not remat here
       logging_steps=10_000, save_strategy="no", disable_tqdm=True, dataloader_num_workers=0,
       log_completions=False, model_init_kwargs={"dtype": torch.float32})
   tok = transformers.AutoTokenizer.from_pretrained(str(ckpt), local_files_only=True)
