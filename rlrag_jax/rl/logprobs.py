@@ -24,31 +24,12 @@ def token_logprobs(logits: Array, targets: Array) -> Array:
 
   Returns:
     [...] float32 log-probabilities. Uses logsumexp + a gather, so the full [..., V] log-softmax
-    is never materialised; the gradient is `g * (onehot(target) - softmax)`, written as one
-    elementwise pass (autodiff's would scatter into a zero [..., V] buffer for the gather).
+    is never materialised.
   """
-  return _picked_logprob(logits.astype(jnp.float32), targets.astype(jnp.int32))
-
-
-def _picked_logprob_fwd(logits: Array, targets: Array):
+  logits = logits.astype(jnp.float32)
   lse = jax.nn.logsumexp(logits, axis=-1)                                    # [...]
-  picked = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
-  return picked - lse, (logits, lse, targets)
-
-
-def _picked_logprob_bwd(res, g):
-  logits, lse, targets = res
-  onehot = jnp.arange(logits.shape[-1], dtype=jnp.int32) == targets[..., None]
-  probs = jnp.exp(logits - lse[..., None])
-  return g[..., None] * (onehot.astype(logits.dtype) - probs), None
-
-
-@jax.custom_vjp
-def _picked_logprob(logits: Array, targets: Array) -> Array:
-  return _picked_logprob_fwd(logits, targets)[0]
-
-
-_picked_logprob.defvjp(_picked_logprob_fwd, _picked_logprob_bwd)
+  picked = jnp.take_along_axis(logits, targets[..., None].astype(jnp.int32), axis=-1)[..., 0]
+  return picked - lse
 
 
 def token_entropy(logits: Array) -> Array:
