@@ -80,21 +80,22 @@ def pad_rows(batch: dict, multiple: int) -> tuple:
   return out, n
 
 
-def logits_start(loss_mask, bucket: int = 16) -> int:
+def logits_start(loss_mask, bucket: int = 16, align: int = 8) -> int:
   """The train steps' static `logits_start` for a packed batch [B, T]: logits are then computed
-  for positions logits_start..T-2 only. Their count, T - 1 - logits_start, is the span from the
-  position before the first loss token (in any row) to T - 2, rounded up to a multiple of
-  `bucket`, so that batches of similar layouts share one compiled program; no position before
-  the start predicts a loss token. 0 when nothing is masked in (every position is kept).
+  for positions logits_start..T-2 only. Their count spans from the position before the first
+  loss token (in any row) to T - 2, rounded up to a multiple of `bucket` so that batches of
+  similar layouts share one compiled program; the start is then moved down to a multiple of
+  `align` (on XLA:CPU a slice at an odd column cost the arena-sized update 4%, an aligned one
+  nothing). No position before the start predicts a loss token. 0 when nothing is masked in.
   """
   m = np.asarray(loss_mask)
   if m.ndim != 2:
     raise ValueError(f"logits_start: loss_mask must be [B, T]; got shape {m.shape}")
-  if bucket < 1:
-    raise ValueError(f"logits_start: bucket must be >= 1; got {bucket}")
+  if bucket < 1 or align < 1:
+    raise ValueError(f"logits_start: bucket and align must be >= 1; got {bucket}, {align}")
   cols = np.flatnonzero(m.any(axis=0))
   if cols.size == 0:
     return 0
   width = m.shape[1]
   keep = round_up(width - max(int(cols[0]), 1), bucket)   # predictors of cols[0]..T-1
-  return max(width - 1 - keep, 0)
+  return max(width - 1 - keep, 0) // align * align

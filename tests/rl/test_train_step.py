@@ -211,7 +211,7 @@ def test_logits_window_equals_full_logits(setup):
   log-probs at every position after the start (0 before), the same policy and SFT updates."""
   from rlrag_jax.rollout.batch import logits_start
   model, params, batch, mesh = setup
-  start = logits_start(batch["loss_mask"], 1)
+  start = logits_start(batch["loss_mask"], 1, align=1)
   assert start == 3                              # row 1's first loss token sits in column 4
   logp_fn = rl.make_logprob_fn(model, mesh, micro_batches=2)
   full, win = np.asarray(logp_fn(params, batch)), np.asarray(logp_fn(params, batch, start))
