@@ -288,8 +288,8 @@ def _make_update_step(mb_loss: Callable, norms_fn: Callable, finalize: Callable,
   """Shared machinery: scan over micro-batches, accumulate grads, skip non-finite, update.
 
   mb_loss(params, mb, norms, start) -> (loss already divided by the whole-batch normaliser,
-  sums dict); `start` is the step's static `logits_start` (the first position whose logits any
-  loss token needs). norms_fn(batch) -> dict of whole-batch normalisers; finalize(sums, norms)
+  sums dict); `start` is the step's static `logits_start` (the first position whose logits are
+  computed). norms_fn(batch) -> dict of whole-batch normalisers; finalize(sums, norms)
   -> metrics dict. The jitted step is `step(state, batch, logits_start=0)`; each distinct
   logits_start compiles once.
   """
@@ -300,7 +300,8 @@ def _make_update_step(mb_loss: Callable, norms_fn: Callable, finalize: Callable,
     _check_micro(batch_size, micro_batches, mesh, where)
     start = _check_start(logits_start, batch["input_ids"].shape[1], where)
     norms = norms_fn(batch)
-    grad_fn = jax.value_and_grad(functools.partial(mb_loss, start=start), has_aux=True)
+    loss_fn = functools.partial(mb_loss, start=start)
+    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
     if micro_batches == 1:
       mb = jax.tree_util.tree_map(
           lambda x: jax.lax.with_sharding_constraint(x, shd.batch_sharding(mesh)), batch)
@@ -309,8 +310,7 @@ def _make_update_step(mb_loss: Callable, norms_fn: Callable, finalize: Callable,
     else:
       mbs = jax.tree_util.tree_map(lambda x: _split_micro(x, micro_batches, mesh), batch)
       first = jax.tree_util.tree_map(lambda x: x[0], mbs)
-      sums_shape = jax.eval_shape(functools.partial(mb_loss, start=start), state.params, first,
-                                  norms)[1]
+      sums_shape = jax.eval_shape(loss_fn, state.params, first, norms)[1]
       zeros_g = jax.tree_util.tree_map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params)
       zeros_g = jax.lax.with_sharding_constraint(zeros_g, state_sh.params)
       zeros_s = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), sums_shape)
