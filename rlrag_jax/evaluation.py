@@ -13,11 +13,13 @@ def evaluate(task, policy, examples: Sequence, *, batch_size: int = 64, seed: in
   """Runs greedy rollouts and averages `task.eval_metrics`; returns {'all': {...}, 'hops=k': {...},
   'rows': [per-example dicts]}.
 
-  `judge(question, prediction, answers) -> bool` (optional, e.g. `judge.OpenAIJudge`) adds a
-  'judge' accuracy column, judged on the 'prediction' string that eval_metrics returns.
+  `judge(question, prediction, answers) -> True | False | None` (optional, e.g.
+  `judge.OpenAIJudge` with the method's prompt) adds a 'judge' accuracy column, judged on the
+  'prediction' string that eval_metrics returns; None ("not judged": the endpoint failed) scores
+  0 and is counted in 'judge/failures' (a count, not a mean).
   """
   from tqdm.auto import tqdm
-  rows = []
+  rows, failures = [], 0
   rng = jax.random.PRNGKey(seed)
   batches = range(0, len(examples), batch_size)
   it = tqdm(batches, desc=desc, unit="batch", leave=False) if progress else batches
@@ -30,9 +32,13 @@ def evaluate(task, policy, examples: Sequence, *, batch_size: int = 64, seed: in
       m["id"] = getattr(ep.example, "id", "")
       m["completion"] = ep.text
       if judge is not None:
-        m["judge"] = float(judge(ep.example.question, m.get("prediction", ""), ep.example.answers))
+        verdict = judge(ep.example.question, m.get("prediction", ""), ep.example.answers)
+        m["judge"] = float(verdict is True)
+        failures += verdict is None
       rows.append(m)
   out = {"all": _mean(rows), "rows": rows}
+  if judge is not None:
+    out["all"]["judge/failures"] = float(failures)
   by_hops = collections.defaultdict(list)
   for r in rows:
     by_hops[r["hops"]].append(r)
