@@ -14,10 +14,11 @@ trainer (`rlrag_jax.trainer`) reads these sections for every method:
             (vocab_size is the size of the tokenizer trained on the world's text).
   mesh      data / fsdp / tensor axis sizes (-1: the rest of the devices).
   distributed  jax.distributed.initialize arguments for multi-host runs.
-  sft       warm-up: steps (0 = none), batch_size, lr, warmup_ratio, weight_decay, max_len,
-            pack_bucket (batch widths round up to it: fewer recompiles).
+  sft       warm-up: steps (0 = none), batch_size, lr, lr_schedule, warmup_ratio, weight_decay,
+            max_len, pack_bucket (batch widths round up to it: fewer recompiles).
   rl        algo, steps, prompts_per_step, group_size, sampling (temperature, top_k, top_p,
-            max_new_tokens), optimiser (lr, warmup_ratio, weight_decay, max_grad_norm), KL
+            max_new_tokens), optimiser (lr, lr_schedule cosine | linear | constant after the
+            warmup, warmup_ratio, weight_decay, max_grad_norm), KL
             (kl_beta, kl_estimator k1 | k2 | k3), PPO clip (clip_eps_low / _high, dual_clip),
             aggregation (sequence_mean | token_mean | constant), advantages (scale_std,
             adv_eps), mu (updates per batch), micro_batches, dynamic_sampling (+ max tries),
@@ -50,13 +51,13 @@ def trainer_config(method: str, workdir: str) -> ml_collections.ConfigDict:
                                                  num_processes=0, process_id=-1))
 
   c.sft = ml_collections.ConfigDict(dict(
-      steps=0, batch_size=32, lr=3e-3, warmup_ratio=0.05, weight_decay=0.0, max_len=512,
-      pack_bucket=64))
+      steps=0, batch_size=32, lr=3e-3, lr_schedule="cosine", warmup_ratio=0.05,
+      weight_decay=0.0, max_len=512, pack_bucket=64))
 
   c.rl = ml_collections.ConfigDict(dict(
       algo="grpo", steps=0, prompts_per_step=8, group_size=8, temperature=1.0, top_k=0,
-      top_p=1.0, max_new_tokens=128, lr=1e-4, warmup_ratio=0.0, weight_decay=0.0,
-      max_grad_norm=1.0, kl_beta=0.04, kl_estimator="k3", clip_eps_low=0.2, clip_eps_high=0.2,
+      top_p=1.0, max_new_tokens=128, lr=1e-4, lr_schedule="cosine", warmup_ratio=0.0,
+      weight_decay=0.0, max_grad_norm=1.0, kl_beta=0.04, kl_estimator="k3", clip_eps_low=0.2, clip_eps_high=0.2,
       dual_clip=0.0, aggregation="sequence_mean", scale_std=True, adv_eps=1e-4, mu=1,
       micro_batches=1, dynamic_sampling=False, dynamic_max_tries=3, pack_bucket=64))
 

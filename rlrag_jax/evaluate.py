@@ -5,7 +5,8 @@
       --config.eval.judge_url=http://localhost:8000/v1 --config.eval.judge_model=NAME
 
 `--checkpoint` is a training run directory or an HF checkpoint directory. The optional LLM judge
-(an OpenAI-compatible endpoint you run) is off unless `eval.judge_url` is set.
+(an OpenAI-compatible endpoint you run) is off unless `eval.judge_url` is set; it asks with the
+method's own prompt (`task.judge_prompt`, a `judge.JudgePrompt`) when the task defines one.
 """
 from __future__ import annotations
 
@@ -47,7 +48,9 @@ def main(argv):
                   pad_id=tok.pad_token_id or 0)
   examples = list(task.eval)[: config.eval.num_examples]
   result = evaluation.evaluate(task, policy, examples, batch_size=config.eval.batch_size,
-                               seed=config.seed, judge=judge.from_config(config.eval))
+                               seed=config.seed,
+                               judge=judge.from_config(config.eval, prompt=getattr(
+                                   task, "judge_prompt", judge.DEFAULT_PROMPT)))
   keys = [k for k in result["all"] if k != "n"]
   rows = [{"split": k, **v} for k, v in result.items() if k == "all" or k.startswith("hops=")]
   print(runlog.format_table(rows, ["split"] + keys + ["n"], title=f"{config.method} evaluation"))

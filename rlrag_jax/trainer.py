@@ -74,10 +74,12 @@ class Steps:
     self.mesh = mesh
     rl = config.rl
     self.sft_opt = ts.make_optimizer(ts.OptimizerConfig(
-        lr=config.sft.lr, warmup_ratio=config.sft.warmup_ratio, total_steps=max(sft_total, 2),
+        lr=config.sft.lr, schedule=config.sft.lr_schedule, warmup_ratio=config.sft.warmup_ratio,
+        total_steps=max(sft_total, 2),
         weight_decay=config.sft.weight_decay, max_grad_norm=1.0))
     self.rl_opt = ts.make_optimizer(ts.OptimizerConfig(
-        lr=rl.lr, warmup_ratio=rl.warmup_ratio, total_steps=max(rl_total * rl.mu, 2),
+        lr=rl.lr, schedule=rl.lr_schedule, warmup_ratio=rl.warmup_ratio,
+        total_steps=max(rl_total * rl.mu, 2),
         weight_decay=rl.weight_decay, max_grad_norm=rl.max_grad_norm))
     self.loss_cfg = ts.LossConfig(
         eps_low=rl.clip_eps_low, eps_high=rl.clip_eps_high, dual_clip=rl.dual_clip or None,

@@ -74,7 +74,8 @@ class OptimizerConfig:
   warmup_steps: int = 0            # used when > 0, else round(warmup_ratio * total_steps)
   warmup_ratio: float = 0.0
   total_steps: int = 1000          # optimizer updates over the run (includes warmup)
-  schedule: str = "cosine"         # 'cosine' | 'constant' (after warmup)
+  schedule: str = "cosine"         # 'cosine' | 'linear' (decay to min_lr_ratio) | 'constant'
+                                   # (after warmup)
   min_lr_ratio: float = 0.0        # cosine ends at lr * min_lr_ratio
   weight_decay: float = 0.0        # decoupled; applied to matrices only (not norms, biases)
   max_grad_norm: Optional[float] = 1.0
@@ -100,12 +101,21 @@ def make_schedule(cfg: OptimizerConfig) -> optax.Schedule:
                        "steps) for a cosine schedule")
     return optax.warmup_cosine_decay_schedule(0.0, cfg.lr, warmup, cfg.total_steps,
                                               end_value=cfg.lr * cfg.min_lr_ratio)
+  if cfg.schedule == "linear":
+    if cfg.total_steps <= warmup:
+      raise ValueError(f"optimizer.total_steps={cfg.total_steps} must exceed the warmup ({warmup} "
+                       "steps) for a linear schedule")
+    decay = optax.linear_schedule(cfg.lr, cfg.lr * cfg.min_lr_ratio, cfg.total_steps - warmup)
+    if warmup == 0:
+      return decay
+    return optax.join_schedules([optax.linear_schedule(0.0, cfg.lr, warmup), decay], [warmup])
   if cfg.schedule == "constant":
     if warmup == 0:
       return optax.constant_schedule(cfg.lr)
     return optax.join_schedules([optax.linear_schedule(0.0, cfg.lr, warmup),
                                  optax.constant_schedule(cfg.lr)], [warmup])
-  raise ValueError(f"optimizer.schedule is {cfg.schedule!r}; expected 'cosine' or 'constant'")
+  raise ValueError(f"optimizer.schedule is {cfg.schedule!r}; expected 'cosine', 'linear' or "
+                   "'constant'")
 
 
 def make_optimizer(cfg: OptimizerConfig) -> optax.GradientTransformation:

@@ -281,3 +281,18 @@ def test_batch_errors(setup):
     rl.LossConfig(aggregation="mean")
   with pytest.raises(ValueError, match="unknown keys"):
     rl.LossConfig.from_config({"eps": 0.2})
+
+
+@pytest.mark.parametrize("warmup", [0, 2])
+def test_linear_and_constant_schedules_by_hand(warmup):
+  lin = rl.make_schedule(rl.OptimizerConfig(lr=0.1, warmup_steps=warmup, total_steps=6,
+                                            schedule="linear", min_lr_ratio=0.1))
+  con = rl.make_schedule(rl.OptimizerConfig(lr=0.1, warmup_steps=warmup, total_steps=6,
+                                            schedule="constant"))
+  ramp = [0.0, 0.05][:warmup]
+  n = 6 - warmup   # linear: lr -> 0.1 lr over the steps after the warmup
+  np.testing.assert_allclose([float(lin(i)) for i in range(6)],
+                             ramp + [0.1 - 0.09 * k / n for k in range(n)], rtol=1e-6, atol=1e-9)
+  np.testing.assert_allclose([float(con(i)) for i in range(6)], ramp + [0.1] * n, rtol=1e-6)
+  with pytest.raises(ValueError, match="'linear'"):
+    rl.make_schedule(rl.OptimizerConfig(schedule="step"))
