@@ -150,17 +150,16 @@ def run(config, *, resume: bool = False, progress: bool = True,
   eval_policy = dataclasses.replace(policy, max_new_tokens=config.eval.max_new_tokens)
   eval_examples = list(task.eval)[: config.eval.num_examples]
 
-  sft_iter = BatchIterator(task.train, batch_size=config.sft.batch_size, seed=config.seed)
-  rl_iter = BatchIterator(task.train, batch_size=config.rl.prompts_per_step,
-                            seed=config.seed + 1)
+  sft_iter, rl_iter = stage_iterators(task.train, config)
 
   # ---- resume
   step, stage, state, ref_params, before = 0, "sft" if sft_total > 0 else "rl", None, None, None
   if resume and ckpt.latest_step() is not None:
     restored = ckpt.restore_latest(target=steps.checkpoint_target())
     step, stage = restored.step, restored.meta["stage"]
-    sft_iter.load_state_dict(restored.data_position["sft"])
-    rl_iter.load_state_dict(restored.data_position["rl"])
+    for it, name in ((sft_iter, "sft"), (rl_iter, "rl")):
+      if it is not None and restored.data_position.get(name) is not None:
+        it.load_state_dict(restored.data_position[name])
     before = restored.meta.get("before")
     state = restored.state["train"]
     if stage == "rl":
@@ -178,7 +177,8 @@ def run(config, *, resume: bool = False, progress: bool = True,
     if steps.with_ref:
       tree["ref"] = ref_params if ref_params is not None else state.params
     ckpt.save(step_, tree, rng=base_key, config=config.to_json_best_effort(),
-              data_position={"sft": sft_iter.state_dict(), "rl": rl_iter.state_dict()},
+              data_position={"sft": sft_iter and sft_iter.state_dict(),
+                             "rl": rl_iter and rl_iter.state_dict()},
               meta={"stage": stage_, "before": before}, force=True)
 
   bar = _progress(sft_total + rl_total, step, progress)
@@ -274,6 +274,27 @@ def run(config, *, resume: bool = False, progress: bool = True,
 
 
 # ------------------------------------------------------------------------------------ helpers
+def stage_iterators(train, config) -> tuple[Optional[BatchIterator], Optional[BatchIterator]]:
+  """(SFT, RL) batch iterators over the training examples, each built only when its stage runs
+  (steps > 0; else None). A training set smaller than a stage's batch is an error naming that
+  stage and its batch key; a stage that does not run asks nothing of the data."""
+  out = []
+  for stage, batch_key, seed in (("sft", "batch_size", config.seed),
+                                 ("rl", "prompts_per_step", config.seed + 1)):
+    section = config[stage]
+    if int(section.steps) <= 0:
+      out.append(None)
+      continue
+    batch = int(section[batch_key])
+    if len(train) < batch:
+      raise ValueError(
+          f"{stage} stage: {len(train)} training examples, fewer than one batch "
+          f"(config key '{stage}.{batch_key}' = {batch}); lower it, add data, or set "
+          f"'{stage}.steps=0' to skip the stage")
+    out.append(BatchIterator(train, batch_size=batch, seed=seed))
+  return tuple(out)
+
+
 def _collect(task, policy, rl_iter, key, config, step):
   """Rollouts for one RL step; with dynamic sampling, groups without reward spread are replaced
   by fresh prompts (bounded tries). Returns (episodes, reward dicts, fill counters)."""

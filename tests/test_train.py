@@ -89,3 +89,20 @@ def test_build_model_carries_the_attention_block_and_remat(tmp_path):
   cfg, params = trainer.build_model(c, byte_level_tokenizer())
   assert cfg.attention_block == 16 and cfg.remat
   assert jax.tree_util.tree_leaves(params)
+
+
+def test_stage_iterators_build_only_the_stages_that_run():
+  config = arena.get_config("")
+  items = list(range(5))
+  config.sft.steps, config.sft.batch_size = 0, 32          # no SFT: its batch size is irrelevant
+  config.rl.steps, config.rl.prompts_per_step = 2, 4
+  sft_it, rl_it = trainer.stage_iterators(items, config)
+  assert sft_it is None and len(next(rl_it)) == 4
+  config.rl.steps = 0
+  assert trainer.stage_iterators(items, config) == (None, None)
+  config.sft.steps = 3                                     # now SFT runs and needs 32 examples
+  with pytest.raises(ValueError, match=r"sft stage: 5 training examples.*'sft.batch_size' = 32"):
+    trainer.stage_iterators(items, config)
+  config.sft.steps, config.rl.steps, config.rl.prompts_per_step = 0, 1, 6
+  with pytest.raises(ValueError, match=r"rl stage: 5 .*'rl.prompts_per_step' = 6"):
+    trainer.stage_iterators(items, config)
