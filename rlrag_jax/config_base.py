@@ -8,7 +8,9 @@ trainer (`rlrag_jax.trainer`) reads these sections for every method:
   data      source ('world' | 'files'), world (world.build keyword sizes), dir (RLRAG_DATA_DIR
             override for 'files'), max_train / max_eval (0 = all), prompt_style ('paper' |
             'compact'), skip_invalid (count and skip malformed records instead of failing).
-  model     init ('scratch' | 'hf'), path (HF checkpoint dir when 'hf'), chat_template, dtype,
+  model     init ('scratch' | 'hf'), path (HF checkpoint dir when 'hf'), chat_template, dtype
+            (compute), param_dtype (the trained master params: float32 by default, so that
+            small-lr updates do not round away in bfloat16; exports are written in it),
             remat, attention_block (> 0: key-blocked attention with an online softmax, no
             [T, S] score matrix: for long contexts; 0: dense), and the from-scratch shape
             (vocab_size is the size of the tokenizer trained on the world's text).
@@ -42,7 +44,8 @@ def trainer_config(method: str, workdir: str) -> ml_collections.ConfigDict:
       max_eval=200, prompt_style="paper", skip_invalid=False))
 
   c.model = ml_collections.ConfigDict(dict(
-      init="scratch", path="", chat_template=True, dtype="float32", remat=False,
+      init="scratch", path="", chat_template=True, dtype="float32", param_dtype="float32",
+      remat=False,
       attention_block=0, vocab_size=2048, hidden_size=128, intermediate_size=384, num_layers=4, num_heads=4,
       num_kv_heads=2, head_dim=32, max_position_embeddings=1024))
 
@@ -71,7 +74,8 @@ def trainer_config(method: str, workdir: str) -> ml_collections.ConfigDict:
 
 def use_hf_model(c: ml_collections.ConfigDict, *, remat: bool = True,
                  attention_block: int = 512) -> None:
-  """The accelerator presets' model and mesh: an HF checkpoint in bf16 (set model.path),
+  """The accelerator presets' model and mesh: an HF checkpoint computed in bf16 over float32
+  master params (set model.path),
   rematerialised blocks and key-blocked attention (contexts of thousands of tokens), parameters
   sharded over all devices (FSDP), no SFT warm-up."""
   c.data.source = "files"

@@ -40,7 +40,8 @@ def build_model(config, tokenizer) -> tuple:
   if m.init == "hf":
     if not m.path:
       raise ValueError("config key 'model.path' is empty but 'model.init' is 'hf'")
-    lm = load_hf(m.path, dtype=jnp.dtype(m.dtype).type, progress=True)
+    lm = load_hf(m.path, dtype=jnp.dtype(m.dtype).type, param_dtype=m.param_dtype,
+                 progress=True)
     return lm.config.replace(remat=bool(m.remat),
                              attention_block=int(m.attention_block)), lm.params
   if m.init != "scratch":
@@ -53,7 +54,7 @@ def build_model(config, tokenizer) -> tuple:
       max_position_embeddings=m.max_position_embeddings, model_type="llama",
       tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id,
       eos_token_id=(eos,) if eos is not None else (), pad_token_id=tokenizer.pad_token_id,
-      dtype=m.dtype, param_dtype="float32", remat=bool(m.remat),
+      dtype=m.dtype, param_dtype=m.param_dtype, remat=bool(m.remat),
       attention_block=int(m.attention_block))
   params = init_params(DecoderLM(cfg), jax.random.PRNGKey(config.seed))
   return cfg, params

@@ -216,10 +216,11 @@ def save_params(params: dict, cfg: ModelConfig, out_dir, max_shard_bytes: int = 
       json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
 
 
-def config_for_load(path, dtype) -> ModelConfig:
+def config_for_load(path, dtype, param_dtype=None) -> ModelConfig:
   p = check_checkpoint_dir(path)
   name = dtype_name(dtype_of(dtype))
-  return ModelConfig.from_hf_file(p / "config.json", dtype=name, param_dtype=name)
+  pname = name if param_dtype is None else dtype_name(dtype_of(param_dtype))
+  return ModelConfig.from_hf_file(p / "config.json", dtype=name, param_dtype=pname)
 
 
 def write_config(cfg: ModelConfig, out_dir):

@@ -59,9 +59,13 @@ def encode_prompt(tokenizer, text_or_messages, use_chat_template: bool = True) -
 
 
 def load_hf(path, dtype=jnp.float32, shardings: Optional[Any] = None,
-            progress: bool = False) -> LM:
-  """Loads a `transformers` Llama/Qwen2 checkpoint dir (config.json, *.safetensors, tokenizer)."""
-  cfg = hf_io.config_for_load(path, dtype)
+            progress: bool = False, param_dtype=None) -> LM:
+  """Loads a `transformers` Llama/Qwen2 checkpoint dir (config.json, *.safetensors, tokenizer).
+
+  `dtype` is the compute dtype; the params are stored in `param_dtype` (default: `dtype`).
+  Training wants float32 master params under bfloat16 compute: at lr 3e-6 an Adam step is far
+  below bfloat16's spacing near 1 (2^-8) and would round away."""
+  cfg = hf_io.config_for_load(path, dtype, param_dtype)
   params = hf_io.load_params(path, cfg, dtype=cfg.params_dtype, shardings=shardings,
                              progress=progress)
   return LM(cfg, params, hf_io.load_tokenizer(path))
