@@ -1,6 +1,6 @@
 """Tiny random Hugging Face checkpoints built with `transformers` + CPU torch, for parity tests.
 
-  path = make_tiny_checkpoint(tmp_path, "qwen2")            # or "llama"
+  path = make_tiny_checkpoint(tmp_path, "qwen2")            # or "llama", "qwen3"
   ref = transformers.AutoModelForCausalLM.from_pretrained(path)
   lm = rlrag_jax.models.load_hf(path)
 
@@ -35,8 +35,11 @@ def make_tiny_checkpoint(tmp_path, model_type: str = "qwen2", *, seed: int = 0,
     config = transformers.Qwen2Config(**fields)
   elif model_type == "llama":
     config = transformers.LlamaConfig(**fields)
+  elif model_type == "qwen3":
+    fields.setdefault("head_dim", 16)
+    config = transformers.Qwen3Config(**fields)
   else:
-    raise ValueError(f"model_type must be 'qwen2' or 'llama'; got {model_type!r}")
+    raise ValueError(f"model_type must be 'qwen2', 'qwen3' or 'llama'; got {model_type!r}")
   torch.manual_seed(seed)
   model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
   out = pathlib.Path(tmp_path) / (name or f"tiny_{model_type}_{seed}")

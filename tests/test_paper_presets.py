@@ -105,9 +105,11 @@ def test_paper_preset_trains_resumes_evaluates_and_exports(name, tmp_path):
   np.testing.assert_allclose(np.asarray(ours), want, atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("name", sorted(PRESETS))
-def test_paper_preset_rl_step_moves_params_under_a_varying_reward(name, tmp_path, monkeypatch):
-  make, arch = PRESETS[name]
+@pytest.mark.parametrize("name,arch", [("arena", "qwen2"), ("search", "llama"),
+                                       ("arena", "qwen3")])   # Qwen3 trains too (q/k norms)
+def test_paper_preset_rl_step_moves_params_under_a_varying_reward(name, arch, tmp_path,
+                                                                  monkeypatch):
+  make = PRESETS[name][0]
   ckpt = make_tiny_checkpoint(tmp_path, arch, max_position_embeddings=2048)
   c = make(ckpt, tmp_path / "run")
   c.rl.steps, c.checkpoint.every, c.export_hf = 1, 0, False

@@ -14,7 +14,7 @@ from typing import Any, Optional
 import jax.numpy as jnp
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
 
@@ -65,7 +65,8 @@ class ModelConfig:
   rope_theta: float = 10000.0
   rope_scaling: RopeScaling = RopeScaling()
   attention_bias: bool = False          # q/k/v bias (Qwen2: True)
-  o_proj_bias: bool = False             # output-projection bias (Llama with attention_bias)
+  o_proj_bias: bool = False             # output-projection bias (Llama / Qwen3 with attention_bias)
+  qk_norm: bool = False                 # RMSNorm over each head's q and k before RoPE (Qwen3)
   tie_word_embeddings: bool = False
   model_type: str = "llama"
   bos_token_id: Optional[int] = None
@@ -96,6 +97,8 @@ class ModelConfig:
       attn += h * d + 2 * kv * d
     if self.o_proj_bias:
       attn += e
+    if self.qk_norm:
+      attn += 2 * d
     layer = attn + 3 * e * f + 2 * e
     return v * e * (1 if self.tie_word_embeddings else 2) + self.num_layers * layer + e
 
@@ -122,6 +125,9 @@ class ModelConfig:
     eos = d.get("eos_token_id")
     eos = tuple(eos) if isinstance(eos, (list, tuple)) else (() if eos is None else (int(eos),))
     bias_default = mt == "qwen2"
+    if d.get("use_sliding_window"):
+      raise ValueError(f"{source}: field 'use_sliding_window' is true; sliding-window attention "
+                       "is not supported (every layer attends to the whole context)")
     if d.get("mlp_bias"):
       raise ValueError(f"{source}: field 'mlp_bias' is true; MLP biases are not supported")
     attn_bias = bool(d.get("attention_bias", bias_default))
@@ -138,7 +144,8 @@ class ModelConfig:
         rope_theta=float(theta),
         rope_scaling=rope,
         attention_bias=attn_bias,
-        o_proj_bias=attn_bias and mt == "llama",
+        o_proj_bias=attn_bias and mt in ("llama", "qwen3"),
+        qk_norm=mt == "qwen3",
         tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
         model_type=mt,
         bos_token_id=d.get("bos_token_id"),
@@ -157,7 +164,11 @@ class ModelConfig:
     return cls.from_hf_dict(d, source=os.fspath(path), **overrides)
 
   def to_hf_dict(self) -> dict:
-    arch = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}[self.model_type]
+    arch = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
+            "qwen3": "Qwen3ForCausalLM"}[self.model_type]
+    if self.qk_norm != (self.model_type == "qwen3"):
+      raise ValueError(f"qk_norm={self.qk_norm} cannot be exported as model_type="
+                       f"{self.model_type!r} (only Qwen3 has q/k norms)")
     d = {
         "architectures": [arch],
         "model_type": self.model_type,
@@ -180,12 +191,16 @@ class ModelConfig:
         "pad_token_id": self.pad_token_id,
         "torch_dtype": self.param_dtype,
     }
-    if self.model_type == "llama":
+    if self.model_type in ("llama", "qwen3"):
       if self.attention_bias != self.o_proj_bias:
-        raise ValueError("Llama's attention_bias covers q/k/v and o_proj together; this config "
-                         f"has attention_bias={self.attention_bias}, o_proj_bias={self.o_proj_bias}")
+        raise ValueError(f"{self.model_type}'s attention_bias covers q/k/v and o_proj together; "
+                         f"this config has attention_bias={self.attention_bias}, "
+                         f"o_proj_bias={self.o_proj_bias}")
       d["attention_bias"] = self.attention_bias
-      d["mlp_bias"] = False
+      if self.model_type == "llama":
+        d["mlp_bias"] = False
+      else:
+        d["use_sliding_window"] = False
     elif not self.attention_bias or self.o_proj_bias:
       raise ValueError("Qwen2 checkpoints carry q/k/v biases and no o_proj bias; this config "
                        "cannot be exported as model_type='qwen2' (use model_type='llama')")

@@ -98,10 +98,11 @@ class RMSNorm(nn.Module):
   eps: float
   dtype: jnp.dtype
   param_dtype: jnp.dtype
+  axis_name: str = "norm"               # logical axis of the weight (q/k norms: "head_dim")
 
   @nn.compact
   def __call__(self, x):
-    w = self.param("weight", _part(nn.initializers.ones, ("norm",)), (x.shape[-1],),
+    w = self.param("weight", _part(nn.initializers.ones, (self.axis_name,)), (x.shape[-1],),
                    self.param_dtype)
     xf = x.astype(jnp.float32)
     xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + self.eps)
@@ -166,6 +167,10 @@ class Attention(nn.Module):
                 cfg.attention_bias, ("kv_heads", "head_dim"))(x)
     v = _einsum((e, k_h, d), "bte,ehd->bthd", ("embed", "kv_heads", "head_dim"), cfg, "v_proj",
                 cfg.attention_bias, ("kv_heads", "head_dim"))(x)
+    if cfg.qk_norm:           # Qwen3: each head's q and k RMS-normalised before RoPE
+      norm = lambda name: RMSNorm(cfg.rms_norm_eps, cfg.compute_dtype, cfg.params_dtype,
+                                  "head_dim", name=name)
+      q, k = norm("q_norm")(q), norm("k_norm")(k)
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
     q = _constrain(q, ("activation_batch", "activation_length", "activation_heads", None))
     new_kv = None

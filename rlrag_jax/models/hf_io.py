@@ -44,6 +44,8 @@ def _rows(cfg: ModelConfig):
       (_L + r"self_attn\.o_proj\.weight", "model/layers_{}/self_attn/o_proj/kernel",
        lambda w: w.T.reshape(h, d, e), lambda w: w.reshape(h * d, e).T),
       (_L + r"self_attn\.o_proj\.bias", "model/layers_{}/self_attn/o_proj/bias", ident, ident),
+      (_L + r"self_attn\.q_norm\.weight", "model/layers_{}/self_attn/q_norm/weight", ident, ident),
+      (_L + r"self_attn\.k_norm\.weight", "model/layers_{}/self_attn/k_norm/weight", ident, ident),
       (_L + r"mlp\.gate_proj\.weight", "model/layers_{}/mlp/gate_proj/kernel", t, t),
       (_L + r"mlp\.up_proj\.weight", "model/layers_{}/mlp/up_proj/kernel", t, t),
       (_L + r"mlp\.down_proj\.weight", "model/layers_{}/mlp/down_proj/kernel", t, t),
@@ -70,6 +72,8 @@ def _get(tree: dict, path: str):
 
 
 def _has_tensor(cfg: ModelConfig, path: str) -> bool:
+  if path.endswith(("q_norm/weight", "k_norm/weight")):
+    return cfg.qk_norm
   if path.endswith("o_proj/bias"):
     return cfg.o_proj_bias
   if path.endswith("bias"):

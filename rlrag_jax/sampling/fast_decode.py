@@ -11,7 +11,8 @@ arranged for CPU decode speed, where each step streams every weight once for a h
 
 Numerics follow `DecoderLM` (RMSNorm and softmax in f32, matmuls in the compute dtype); the
 sampler's tests compare both against `transformers`. Param-driven: biases are used where the
-param tree has them (q/k/v for Qwen2, o_proj for some Llama variants).
+param tree has them (q/k/v for Qwen2, o_proj for some Llama variants), and so are Qwen3's
+per-head q/k RMS norms.
 """
 from __future__ import annotations
 
@@ -53,6 +54,8 @@ def pack_params(config: ModelConfig, params) -> dict:
                                             for n in names])
     if "bias" in attn["o_proj"]:
       packed["o_bias"] = attn["o_proj"]["bias"].astype(dt)
+    if "q_norm" in attn:
+      packed["q_norm"], packed["k_norm"] = attn["q_norm"]["weight"], attn["k_norm"]["weight"]
     layers.append(packed)
   out = {"layers": tuple(layers), "embed": model["embed_tokens"]["embedding"],
          "norm": model["norm"]["weight"]}
@@ -104,6 +107,9 @@ def decode_step(config: ModelConfig, packed, tokens, active, cache):
     q = qkv[:, :h * d].reshape(b, h, d)
     k = qkv[:, h * d:(h + kh) * d].reshape(b, kh, d)
     v = qkv[:, (h + kh) * d:].reshape(b, kh, d)
+    if "q_norm" in lp:
+      q = _rms(q, lp["q_norm"], config.rms_norm_eps, dt)
+      k = _rms(k, lp["k_norm"], config.rms_norm_eps, dt)
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
     ck = jax.lax.dynamic_update_slice(lc["k"], k[:, None].astype(lc["k"].dtype), (0, index, 0, 0))
     cv = jax.lax.dynamic_update_slice(lc["v"], v[:, None].astype(lc["v"].dtype), (0, index, 0, 0))

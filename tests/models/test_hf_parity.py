@@ -9,7 +9,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from rlrag_jax.models import (DecoderLM, ModelConfig, ValueLM, encode_prompt, init_params,  # noqa: E402
+from rlrag_jax.models import (LM, DecoderLM, ModelConfig, ValueLM, encode_prompt, init_params,  # noqa: E402
                               load_hf, save_hf, value_params_from_policy)
 from hf_tiny import load_reference, make_tiny_checkpoint  # noqa: E402
 
@@ -22,6 +22,8 @@ VARIANTS = [
                                 "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
                "rope_theta": 500000.0}),
     ("llama", {"head_dim": 24, "attention_bias": True}),
+    ("qwen3", {}),                                            # q/k RMS norms per head
+    ("qwen3", {"head_dim": 24, "attention_bias": True, "tie_word_embeddings": True}),
 ]
 
 
@@ -53,7 +55,8 @@ def test_logits_match_transformers(tmp_path, model_type, overrides):
   assert diff <= 1e-4, diff
 
 
-@pytest.mark.parametrize("model_type,overrides", [VARIANTS[0], VARIANTS[1], VARIANTS[4]])
+@pytest.mark.parametrize("model_type,overrides",
+                         [VARIANTS[0], VARIANTS[1], VARIANTS[4], VARIANTS[6], VARIANTS[7]])
 def test_save_hf_reloads_in_transformers(tmp_path, model_type, overrides):
   path = make_tiny_checkpoint(tmp_path, model_type, **overrides)
   ref = load_reference(path)
@@ -165,3 +168,28 @@ def test_chat_template_applied_when_present(tmp_path):
   tok.chat_template = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}<assistant>"
   templated = encode_prompt(tok, [{"role": "user", "content": "hi"}])
   assert tok.decode(templated) .endswith("<user>hi<assistant>")
+
+
+def test_qwen3_norms_are_trained_and_round_trip_bit_identical(tmp_path):
+  path = make_tiny_checkpoint(tmp_path, "qwen3")
+  lm = load_hf(path)
+  attn = lm.params["model"]["layers_0"]["self_attn"]
+  assert attn["q_norm"]["weight"].shape == attn["k_norm"]["weight"].shape == (16,)
+  ids, mask = _batch(lm.config.vocab_size)
+  grads = jax.grad(lambda p: jnp.sum(LM(lm.config, p).logits(ids, mask) ** 2))(lm.params)
+  g = grads["model"]["layers_0"]["self_attn"]
+  assert float(jnp.abs(g["q_norm"]["weight"]).max()) > 0
+  assert float(jnp.abs(g["k_norm"]["weight"]).max()) > 0
+  save_hf(lm, tmp_path / "out")
+  back = load_hf(tmp_path / "out")
+  for a, b in zip(jax.tree_util.tree_leaves(lm.params), jax.tree_util.tree_leaves(back.params)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  assert json.loads((tmp_path / "out" / "config.json").read_text())["architectures"] == [
+      "Qwen3ForCausalLM"]
+
+
+@pytest.mark.parametrize("model_type", ["qwen2", "qwen3"])
+def test_sliding_window_configs_are_refused(tmp_path, model_type):
+  path = make_tiny_checkpoint(tmp_path, model_type, use_sliding_window=True, sliding_window=8)
+  with pytest.raises(ValueError, match="use_sliding_window"):
+    load_hf(path)

@@ -1,4 +1,4 @@
-"""Tiny random Qwen2 / Llama checkpoints (built with transformers + CPU torch), shared per session."""
+"""Tiny random Qwen2 / Llama / Qwen3 checkpoints (built with transformers + CPU torch), shared per session."""
 import pathlib
 import sys
 
@@ -15,13 +15,13 @@ def tiny_models(tmp_path_factory):
   compiled sampler programs are shared between tests."""
   from rlrag_jax.models import load_hf
   out = {}
-  for model_type in ("qwen2", "llama"):
+  for model_type in ("qwen2", "llama", "qwen3"):
     path = make_tiny_checkpoint(tmp_path_factory.mktemp("ckpt"), model_type)
     out[model_type] = (load_hf(path), load_reference(path), path)
   return out
 
 
-@pytest.fixture(params=["qwen2", "llama"])
+@pytest.fixture(params=["qwen2", "llama", "qwen3"])
 def tiny(request, tiny_models):
   return tiny_models[request.param]
 

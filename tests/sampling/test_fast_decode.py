@@ -20,11 +20,16 @@ def _config(dtype, tied):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("tied", [False, True])
-def test_packed_decode_step_matches_the_module(dtype, tied):
-  cfg = _config(dtype, tied)
+@pytest.mark.parametrize("tied,qk_norm", [(False, False), (True, False), (False, True)])
+def test_packed_decode_step_matches_the_module(dtype, tied, qk_norm):
+  cfg = _config(dtype, tied).replace(qk_norm=qk_norm)
   params = init_params(DecoderLM(cfg), jax.random.PRNGKey(0))
   rng = np.random.default_rng(0)
+  if qk_norm:                  # Qwen3's per-head norms, with weights that are not all ones
+    for i in range(cfg.num_layers):
+      attn = params["model"][f"layers_{i}"]["self_attn"]
+      for n in ("q_norm", "k_norm"):
+        attn[n]["weight"] = jnp.asarray(rng.uniform(0.5, 1.5, cfg.head_dim), jnp.float32)
   ids = jnp.asarray(rng.integers(3, 97, (3, 6)), jnp.int32)
   mask = jnp.asarray([[0, 0, 1, 1, 1, 1], [1] * 6, [0, 0, 0, 0, 1, 1]], jnp.bool_)
   _, cache = prefill(cfg, params, ids, mask, init_cache(cfg, 3, 10))

@@ -66,7 +66,7 @@ def test_greedy_matches_transformers(tiny):
 
 @pytest.mark.parametrize("model_type,temperature,top_k,top_p", [
     ("qwen2", 0.7, 0, 1.0), ("qwen2", 1.0, 20, 1.0), ("qwen2", 1.3, 0, 0.85),
-    ("qwen2", 0.9, 30, 0.8), ("llama", 0.9, 30, 0.8)])
+    ("qwen2", 0.9, 30, 0.8), ("llama", 0.9, 30, 0.8), ("qwen3", 0.9, 30, 0.8)])
 def test_logprobs_match_full_forward(tiny_models, model_type, temperature, top_k, top_p):
   """`logprobs` = log-softmax of the transformers-warped logits of a full forward pass (no cache);
   `model_logprobs` = plain log-softmax, checked against both our and the transformers forward."""
