@@ -65,14 +65,22 @@ CASES = {
     "blank answer": (_c(ans=" \n "), (0, 0, 1, 0, 1)),
     "answer only an article": (_c(ans="The"), (1, 0, 1, 0, 2)),
     "empty analysis": (_c(analysis="<analysis> </analysis>"), (0, 1, 1, 0, 2)),
-    "ids without brackets (lenient ids)": (_c(rel="2, 3"), (0, 1, 1, 0, 2)),
-    "ids in separate brackets (lenient ids)": (_c(rel="[2][3]"), (0, 1, 1, 0, 2)),
-    "ids in words": (_c(rel="2 and 3"), (0, 1, 0, 0, 1)),
-    "ids not a list": (_c(rel="references two and three"), (0, 1, 0, 0, 1)),
-    "float id": (_c(rel="[2.5]"), (0, 1, 0, 0, 1)),
-    "negative id": (_c(rel="[-2, 3]"), (0, 1, 0, 0, 1)),
-    "non-ASCII digits": (_c(rel="[٢, ٣]"), (0, 1, 0, 0, 1)),
-    "huge id": (_c(rel="[" + "9" * 5000 + "]"), (0, 1, 0, 0, 1)),
+    # The relevance part must be a JSON list of integers; anything else scores relevance 0
+    # (never repaired) and leaves the format alone (format = the three parts, in order).
+    "ids without brackets": (_c(rel="2, 3"), (1, 1, 0, 0, 2)),
+    "ids in separate brackets": (_c(rel="[2][3]"), (1, 1, 0, 0, 2)),
+    "trailing double comma": (_c(rel="[2,,"), (1, 1, 0, 0, 2)),
+    "bare integer": (_c(rel="2"), (1, 1, 0, 0, 2)),
+    "parenthesised id": (_c(rel="(2)"), (1, 1, 0, 0, 2)),
+    "nested list": (_c(rel="[[2, 3]]"), (1, 1, 0, 0, 2)),
+    "ids in words": (_c(rel="2 and 3"), (1, 1, 0, 0, 2)),
+    "ids not a list": (_c(rel="references two and three"), (1, 1, 0, 0, 2)),
+    "float id": (_c(rel="[2.5]"), (1, 1, 0, 0, 2)),
+    "boolean id": (_c(rel="[true, 3]"), (1, 1, 0, 0, 2)),
+    "negative id": (_c(rel="[-2, 3]"), (1, 1, 0, 0, 2)),
+    "non-ASCII digits": (_c(rel="[٢, ٣]"), (1, 1, 0, 0, 2)),
+    "huge id": (_c(rel="[" + "9" * 5000 + "]"), (1, 1, 0, 0, 2)),
+    "JSON list, odd spacing": (_c(rel=" [ 3 ,2 ] "), (1, 1, 1, 10, 13)),
     "unclosed answer": ("<relevance>[2, 3]</relevance>" + ANALYSIS + "<answer>Nolan",
                         (0, 0, 1, 0, 1)),
     "unclosed analysis": ("<relevance>[2, 3]</relevance><analysis>x<answer>Nolan</answer>",
@@ -162,26 +170,36 @@ def test_parse_fields_and_problems():
   p = arena.parse("\n" + _c(rel="[ 3 ,2 ]", ans="  Nolan \n") + "\n")
   assert p == parsing.Parsed([3, 2], ANALYSIS[10:-11], "Nolan", True, ())
   bad = arena.parse("x" + _c(rel="2, 3"))
-  assert not bad.well_formed and bad.relevance_ids == [2, 3] and bad.answer == "Christopher Nolan"
+  assert not bad.well_formed and bad.relevance_ids is None and bad.answer == "Christopher Nolan"
   assert any("outside the three parts" in s for s in bad.problems)
-  assert any("bracketed list" in s and "'2, 3'" in s for s in bad.problems)
+  lenient = arena.parse("x" + _c(rel="2, 3"), relevance_parse="lenient")
+  assert lenient.relevance_ids == [2, 3] and lenient.problems == bad.problems
   missing = arena.parse(ANALYSIS)
   assert missing.relevance_ids is None and missing.answer is None
   assert any("found 0 and 0" in s for s in missing.problems)
+  with pytest.raises(ValueError, match="relevance_parse"):
+    arena.parse(_c(), relevance_parse="loose")
 
 
-@pytest.mark.parametrize("content,ids,strict", [
-    ("[1, 3]", [1, 3], True), ("[]", [], True), (" [ 7 ] ", [7], True), ("[01,2]", [1, 2], True),
-    ("1, 3", [1, 3], False), ("[1 3]", [1, 3], False), ("(1; 3)", [1, 3], False),
-    ("[1,]", [1], False), ("", [], False), ("[1, 3", [1, 3], False),
-    ("1 and 3", None, False), ("[1e3]", None, False), ("none", None, False),
-    ("[" + "1" * 10 + "]", None, False), ("[" + "1" * 9 + "]", [111111111], True),
+@pytest.mark.parametrize("content,strict,lenient", [
+    ("[1, 3]", [1, 3], [1, 3]), ("[]", [], []), (" [ 7 ] ", [7], [7]),
+    ("[01,2]", None, [1, 2]),                      # JSON has no leading zeros
+    ("1, 3", None, [1, 3]), ("[1 3]", None, [1, 3]), ("(1; 3)", None, [1, 3]),
+    ("[1,]", None, [1]), ("", None, []), ("[1, 3", None, [1, 3]), ("[2,,", None, [2]),
+    ("2", None, [2]), ("(2)", None, [2]), ("[[2]]", None, [2]),
+    ("1 and 3", None, None), ("[1e3]", None, None), ("none", None, None),
+    ("[1.5]", None, None), ("[-1]", None, None), ("[true]", None, None), ('["1"]', None, None),
+    ("[" + "1" * 10 + "]", None, None), ("[" + "1" * 9 + "]", [111111111], [111111111]),
 ])
-def test_relevance_id_rules(content, ids, strict):
-  assert parsing.parse_ids(content) == ids
-  assert parsing.is_strict_id_list(content) is strict
-  p = arena.parse(_c(rel=content))
-  assert p.relevance_ids == ids and p.well_formed is strict
+def test_relevance_id_rules(content, strict, lenient):
+  assert parsing.parse_ids(content) == strict
+  assert parsing.parse_ids(content, "lenient") == lenient
+  for mode, ids in (("strict", strict), ("lenient", lenient)):
+    p = arena.parse(_c(rel=content), relevance_parse=mode)
+    assert p.relevance_ids == ids and p.well_formed          # the format ignores the content
+    want = 0.0 if ids is None else rw.relevance_score(ids, GOLD)
+    assert arena.reward(_c(rel=content), ANSWERS, GOLD,
+                        relevance_parse=mode)["relevance"] == want
 
 
 _FRAGMENTS = st.sampled_from(
@@ -371,3 +389,27 @@ def test_gold_completion_on_real_data_scores_maximum(shared_data_dir, name, spli
     assert numbering.gold and not numbering.missing, ex.id
     assert [numbering.ids[n - 1] for n in numbering.gold] == sorted(
         ex.gold_ids, key=numbering.ids.index)
+
+
+def test_accuracy_modes_f1_and_judge():
+  # F1 of "Nolan directed" vs "Christopher Nolan": 1 common token, P = R = 1/2 -> F1 = 0.5;
+  # against the alias "Nolan": P = 1/2, R = 1 -> 2/3 (the best alias counts).
+  r = arena.reward(_c(ans="Nolan directed"), ANSWERS, GOLD, accuracy="f1")
+  assert r["accuracy"] == pytest.approx(2 / 3) and r["bonus"] == 0.0
+  assert r["total"] == pytest.approx(1 + 2 / 3 + 1)
+  calls = []
+
+  def judge(answer, aliases):
+    calls.append((answer, aliases))
+    return {"Chris Nolan": True, "Spielberg": False}.get(answer)   # anything else: not judged
+  assert arena.reward(_c(ans="Chris Nolan"), ANSWERS, GOLD, accuracy="judge",
+                      judge=judge)["total"] == 13.0
+  assert arena.reward(_c(ans="Spielberg"), ANSWERS, GOLD, accuracy="judge",
+                      judge=judge)["accuracy"] == 0.0
+  assert arena.reward(_c(ans="???"), ANSWERS, GOLD, accuracy="judge",
+                      judge=judge)["accuracy"] == 0.0
+  assert calls[0] == ("Chris Nolan", ANSWERS)
+  with pytest.raises(ValueError, match="no judge is configured"):
+    arena.reward(_c(), ANSWERS, GOLD, accuracy="judge")
+  with pytest.raises(ValueError, match="reward.accuracy"):
+    arena.reward(_c(), ANSWERS, GOLD, accuracy="bleu")

@@ -2,23 +2,30 @@
 
 `parse` never raises. It reports two things separately:
 
-* `well_formed` (strict, drives the format reward): the completion is exactly the three parts in
-  this order, with only whitespace before, between and after them; each of the six tags occurs
-  exactly once; the relevance part is a bracketed, comma-separated list of ASCII integers such as
-  "[1, 3]" (the empty list "[]" counts: it says "no reference is relevant"); the analysis and the
-  answer are not blank. Tags are case-sensitive and must be written exactly (`<answer>`, not
-  `<Answer>` or `< answer >`).
-* the fields (lenient, drive the accuracy and relevance rewards): a part is read whenever its
-  open and close tag each occur exactly once, the open tag comes first, the content holds none
-  of the six tags and the part does not lie inside another part. So a completion with stray text
-  around the parts, or with its parts out of order, still has its answer and ids read; a
-  duplicated, nested or overlapping part is not read (a model must not be able to offer two
-  answers and be scored on the better one, nor hide its answer inside its analysis).
+* `well_formed` (drives the format reward): the completion is the three parts in this order,
+  with only whitespace before, between and after them; each of the six tags occurs exactly once;
+  the analysis and the answer are not blank. Tags are case-sensitive and must be written exactly
+  (`<answer>`, not `<Answer>` or `< answer >`). What the relevance part holds does not matter
+  to the format: it is scored separately, by the relevance reward (the paper's rule: format =
+  the three parts present and in order).
+* the fields (drive the accuracy and relevance rewards): a part is read whenever its open and
+  close tag each occur exactly once, the open tag comes first, the content holds none of the six
+  tags and the part does not lie inside another part. So a completion with stray text around
+  the parts, or with its parts out of order, still has its answer and ids read; a duplicated,
+  nested or overlapping part is not read (a model must not be able to offer two answers and be
+  scored on the better one, nor hide its answer inside its analysis).
 
-Relevance ids are read leniently: any content made only of ASCII digits, whitespace, commas,
-semicolons and brackets "[]()" gives its integers ("1, 3", "[1][3]" and "(1; 3)" all give
-[1, 3]); anything else ("1 and 3", "none", "[1.5]", "[-1]") gives None. An id longer than nine
-digits makes the list unparseable (and keeps `int` away from huge digit strings).
+Relevance ids are read in one of two modes (`relevance_parse`):
+
+* 'strict' (both presets; the paper's evaluation): the content, stripped, must parse as a JSON
+  list of integers ("[1, 3]", "[]"); anything else ("[2,,", "2", "(2)", "[[2]]", "[1.5]",
+  "[true]") gives None, which scores relevance 0. Nothing is repaired.
+* 'lenient' (ours, opt-in): any content made only of ASCII digits, whitespace, commas,
+  semicolons and brackets "[]()" gives its integers ("1, 3", "[1][3]" and "(1; 3)" all give
+  [1, 3]); anything else ("1 and 3", "none", "[1.5]", "[-1]") gives None.
+
+In both, an id longer than nine digits makes the list unparseable (and keeps `int` away from
+huge digit strings).
 
 Callers pass the decoded completion text without special tokens (strip "<|im_end|>" and the
 like first): anything after </answer> other than whitespace breaks the format.
@@ -26,18 +33,15 @@ like first): anything after </answer> other than whitespace breaks the format.
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from typing import Optional
 
 PARTS = ("relevance", "analysis", "answer")
+RELEVANCE_PARSERS = ("strict", "lenient")
 TAGS = tuple(t for name in PARTS for t in (f"<{name}>", f"</{name}>"))
 _MAX_ID_DIGITS = 9
 
-# "[1, 3]", "[ 2 ]", "[]"; ASCII digits only (re.ASCII keeps \d and \s from matching other scripts'
-# digits; \s still allows ASCII whitespace around the brackets and commas).
-_STRICT_IDS = re.compile(
-    r"\s*\[\s*(?:[0-9]{1,%d}(?:\s*,\s*[0-9]{1,%d})*)?\s*\]\s*" % (_MAX_ID_DIGITS, _MAX_ID_DIGITS),
-    re.ASCII)
 _LENIENT_CHARS = re.compile(r"[0-9\s,;\[\]()]*", re.ASCII)
 _INT = re.compile(r"[0-9]+", re.ASCII)
 
@@ -48,7 +52,7 @@ class Parsed:
 
   Attributes:
     relevance_ids: integers in the relevance part, in written order (duplicates kept), or None
-      when the part is missing, ambiguous or not a list of integers.
+      when the part is missing, ambiguous or not a list of integers (in the parse mode).
     analysis: text of the analysis part (not stripped), or None when missing or ambiguous.
     answer: text of the answer part, stripped, or None when missing or ambiguous.
     well_formed: True when the completion follows the format exactly (see module docstring).
@@ -61,19 +65,36 @@ class Parsed:
   problems: tuple = ()
 
 
-def parse_ids(content: Optional[str]) -> Optional[list]:
-  """Leniently reads reference ids from the relevance part's content; None when unparseable."""
+def parse_ids(content: Optional[str], mode: str = "strict") -> Optional[list]:
+  """Reference ids from the relevance part's content (see the module docstring), or None."""
+  if mode == "strict":
+    return _strict_ids(content)
+  if mode == "lenient":
+    return _lenient_ids(content)
+  raise ValueError(f"relevance_parse is {mode!r}; expected one of {RELEVANCE_PARSERS}")
+
+
+def _strict_ids(content: Optional[str]) -> Optional[list]:
+  if content is None:
+    return None
+  try:
+    value = json.loads(content.strip())
+  except ValueError:
+    return None
+  if not isinstance(value, list) or not all(type(v) is int for v in value):   # bool is not int
+    return None
+  if any(v < 0 or len(str(v)) > _MAX_ID_DIGITS for v in value):
+    return None
+  return value
+
+
+def _lenient_ids(content: Optional[str]) -> Optional[list]:
   if content is None or _LENIENT_CHARS.fullmatch(content) is None:
     return None
   tokens = _INT.findall(content)
   if any(len(t) > _MAX_ID_DIGITS for t in tokens):
     return None
   return [int(t) for t in tokens]
-
-
-def is_strict_id_list(content: str) -> bool:
-  """True for a bracketed comma-separated list of ASCII integers, e.g. "[1, 3]" or "[]"."""
-  return _STRICT_IDS.fullmatch(content) is not None
 
 
 def _raw_span(text: str, name: str):
@@ -88,23 +109,27 @@ def _raw_span(text: str, name: str):
   return (i, j + len(close_tag)), None
 
 
-def parse(completion) -> Parsed:
-  """Reads an ARENA completion; never raises, whatever the input.
+def parse(completion, relevance_parse: str = "strict") -> Parsed:
+  """Reads an ARENA completion; never raises, whatever the completion.
 
   Args:
     completion: the generated text (a str; anything else parses as a failure).
+    relevance_parse: 'strict' (a JSON list of integers) or 'lenient' (see the module docstring).
 
   Returns:
     A `Parsed`; see the module docstring for the strict and lenient rules.
   """
+  if relevance_parse not in RELEVANCE_PARSERS:     # a config error, not a model failure
+    raise ValueError(f"relevance_parse is {relevance_parse!r}; expected one of "
+                     f"{RELEVANCE_PARSERS}")
   try:
-    return _parse(completion)
+    return _parse(completion, relevance_parse)
   except Exception as e:  # pylint: disable=broad-except
     # Defence in depth: the rules above are written not to raise; a bug must not stop training.
     return Parsed(None, None, None, False, (f"parser error {type(e).__name__}: {e}",))
 
 
-def _parse(completion) -> Parsed:
+def _parse(completion, relevance_parse: str) -> Parsed:
   if not isinstance(completion, str):
     return Parsed(None, None, None, False,
                   (f"expected the completion as str, found {type(completion).__name__}",))
@@ -129,7 +154,7 @@ def _parse(completion) -> Parsed:
       spans[name] = (start, end, content)
 
   rel = spans.get("relevance")
-  relevance_ids = parse_ids(rel[2]) if rel else None
+  relevance_ids = parse_ids(rel[2], relevance_parse) if rel else None
   analysis = spans["analysis"][2] if "analysis" in spans else None
   answer = spans["answer"][2].strip() if "answer" in spans else None
 
@@ -145,15 +170,9 @@ def _parse(completion) -> Parsed:
       problems.append("the parts are not in the order relevance, analysis, answer")
     elif any(g.strip() for g in gaps):
       problems.append("text other than whitespace outside the three parts")
-  if rel and not is_strict_id_list(rel[2]):
-    problems.append(f"<relevance>: expected a bracketed list of integers like [1, 3], found "
-                    f"{_clip(rel[2])!r}")
   if analysis is not None and not analysis.strip():
     problems.append("<analysis>: empty")
   if answer is not None and not answer:
     problems.append("<answer>: empty")
   return Parsed(relevance_ids, analysis, answer, not problems, tuple(problems))
 
-
-def _clip(s: str, n: int = 40) -> str:
-  return s if len(s) <= n else s[:n] + "…"

@@ -5,13 +5,16 @@ With the paper's defaults (weights 1, 1, 1 and a bonus of 10) a perfect completi
 breaks and keeps the rest (see `parsing` for what is read from a malformed completion):
 
 * format    1 when `parse(...).well_formed`, else 0.
-* accuracy  1 when the <answer> text, normalised as in ARENA appendix D (lowercase, no
-            punctuation, no articles, single spaces), equals a normalised alias, else 0. A missing,
-            ambiguous or blank answer scores 0, as does one that normalises to "" (so "The" never
-            matches an alias that also normalises to "").
+* accuracy  `accuracy='em'` (the paper's): 1 when the <answer> text, normalised as in ARENA
+            appendix D (lowercase, no punctuation, no articles, single spaces), equals a
+            normalised alias, else 0. A missing, ambiguous or blank answer scores 0, as does one
+            that normalises to "" (so "The" never matches an alias that also normalises to "").
+            The ablations: 'f1' (the best token F1 over the aliases, in [0, 1]) and 'judge'
+            (1 when `judge(answer, aliases)` says True; False and "not judged" (None) score 0).
 * relevance 1 when the set of predicted ids equals the gold set; 0.5 when they share at least one
             id; 0 when they share none or the ids are unparseable. Duplicates do not matter (sets).
-            With an empty gold set only the empty prediction "[]" scores 1.
+            With an empty gold set only the empty prediction "[]" scores 1. The ids are read with
+            `relevance_parse` ('strict': a JSON list of integers, the paper's; 'lenient': ours).
 * bonus     `bonus_value` when format, accuracy and relevance are all 1, else 0.
 * total     w_format * format + w_accuracy * accuracy + w_relevance * relevance + bonus.
 """
@@ -34,11 +37,24 @@ def format_score(parsed: parsing.Parsed) -> float:
   return 1.0 if parsed.well_formed else 0.0
 
 
-def accuracy_score(answer: Optional[str], answers) -> float:
-  """1.0 when the answer matches an alias after normalisation; 0.0 for None or blank answers."""
+ACCURACY_MODES = ("em", "f1", "judge")
+
+
+def accuracy_score(answer: Optional[str], answers, mode: str = "em", judge=None) -> float:
+  """EM (1.0 / 0.0), token F1, or the judge's verdict; 0.0 for None or blank answers."""
+  if mode not in ACCURACY_MODES:
+    raise ValueError(f"reward.accuracy is {mode!r}; expected one of {ACCURACY_MODES}")
   if answer is None or not metrics.normalize_answer(answer):
     return 0.0
-  return metrics.exact_match(answer, answers)
+  if mode == "em":
+    return metrics.exact_match(answer, answers)
+  if mode == "f1":
+    return float(metrics.f1(answer, answers))
+  if judge is None:
+    raise ValueError("reward.accuracy is 'judge' but no judge is configured (set "
+                     "reward.judge_url and reward.judge_model)")
+  return 1.0 if judge(answer, [answers] if isinstance(answers, str) else list(answers)) is True \
+      else 0.0
 
 
 def relevance_score(predicted: Optional[Sequence[int]], gold: Sequence[int]) -> float:
@@ -61,7 +77,8 @@ def _check_gold_ids(gold_ids) -> list:
 
 
 def reward(completion: str, answers, gold_ids, *, w_format: float = 1.0, w_accuracy: float = 1.0,
-           w_relevance: float = 1.0, bonus_value: float = 10.0) -> dict:
+           w_relevance: float = 1.0, bonus_value: float = 10.0, relevance_parse: str = "strict",
+           accuracy: str = "em", judge=None) -> dict:
   """Scores one completion; never raises on the completion.
 
   Args:
@@ -70,6 +87,8 @@ def reward(completion: str, answers, gold_ids, *, w_format: float = 1.0, w_accur
     gold_ids: gold reference numbers (1..n, as numbered in the prompt).
     w_format, w_accuracy, w_relevance: weights of the three part scores in the total.
     bonus_value: added to the total when format, accuracy and relevance are all 1.
+    relevance_parse: 'strict' | 'lenient' reading of the relevance ids (see `parsing`).
+    accuracy: 'em' | 'f1' | 'judge'; judge: `judge(answer, aliases) -> True | False | None`.
 
   Returns:
     dict with float values under "format", "accuracy", "relevance", "bonus" and "total".
@@ -78,9 +97,9 @@ def reward(completion: str, answers, gold_ids, *, w_format: float = 1.0, w_accur
     TypeError: gold_ids holds something other than ints (a caller bug, not a model failure).
   """
   gold = _check_gold_ids(gold_ids)
-  parsed = parsing.parse(completion)
+  parsed = parsing.parse(completion, relevance_parse)
   fmt = format_score(parsed)
-  acc = accuracy_score(parsed.answer, answers)
+  acc = accuracy_score(parsed.answer, answers, accuracy, judge)
   rel = relevance_score(parsed.relevance_ids, gold)
   bonus = float(bonus_value) if (fmt == 1.0 and acc == 1.0 and rel == 1.0) else 0.0
   total = w_format * fmt + w_accuracy * acc + w_relevance * rel + bonus
