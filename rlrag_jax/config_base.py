@@ -7,7 +7,10 @@ trainer (`rlrag_jax.trainer`) reads these sections for every method:
 
   data      source ('world' | 'files'), world (world.build keyword sizes), dir (RLRAG_DATA_DIR
             override for 'files'), max_train / max_eval (0 = all), prompt_style ('paper' |
-            'compact'), skip_invalid (count and skip malformed records instead of failing).
+            'compact'), skip_invalid (count and skip malformed records instead of failing),
+            allow_short (a mix count above a split's size takes the whole split, warned),
+            check_overlap (refuse train/eval question overlap); mix / eval_mix entries are
+            'name:split[:count]' (see `rlrag_jax.data.sources`).
   model     init ('scratch' | 'hf'), path (HF checkpoint dir when 'hf'), chat_template, dtype
             (compute), param_dtype (the trained master params: float32 by default, so that
             small-lr updates do not round away in bfloat16; exports are written in it),
@@ -41,7 +44,8 @@ def trainer_config(method: str, workdir: str) -> ml_collections.ConfigDict:
 
   c.data = ml_collections.ConfigDict(dict(
       source="world", world=ml_collections.ConfigDict(dict(seed=0)), dir="", max_train=0,
-      max_eval=200, prompt_style="paper", skip_invalid=False))
+      max_eval=200, prompt_style="paper", skip_invalid=False, allow_short=False,
+      check_overlap=True))
 
   c.model = ml_collections.ConfigDict(dict(
       init="scratch", path="", chat_template=True, dtype="float32", param_dtype="float32",

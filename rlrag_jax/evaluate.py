@@ -52,7 +52,7 @@ def main(argv):
                                judge=judge.from_config(config.eval, prompt=getattr(
                                    task, "judge_prompt", judge.DEFAULT_PROMPT)))
   keys = [k for k in result["all"] if k != "n"]
-  rows = [{"split": k, **v} for k, v in result.items() if k == "all" or k.startswith("hops=")]
+  rows = [{"split": k, **v} for k, v in result.items() if k == "all" or k.startswith(("hops=", "dataset="))]
   print(runlog.format_table(rows, ["split"] + keys + ["n"], title=f"{config.method} evaluation"))
   if _OUT.value:
     pathlib.Path(_OUT.value).write_text(json.dumps(

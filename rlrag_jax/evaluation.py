@@ -11,7 +11,8 @@ import numpy as np
 def evaluate(task, policy, examples: Sequence, *, batch_size: int = 64, seed: int = 0,
              progress: bool = True, desc: str = "eval", judge=None) -> dict:
   """Runs greedy rollouts and averages `task.eval_metrics`; returns {'all': {...}, 'hops=k': {...},
-  'rows': [per-example dicts]}.
+  'dataset=name': {...} (when the examples come from several datasets), 'rows': [per-example
+  dicts]}.
 
   `judge(question, prediction, answers) -> True | False | None` (optional, e.g.
   `judge.OpenAIJudge` with the method's prompt) adds a 'judge' accuracy column, judged on the
@@ -30,6 +31,7 @@ def evaluate(task, policy, examples: Sequence, *, batch_size: int = 64, seed: in
       m = dict(task.eval_metrics(ep))
       m["hops"] = int(getattr(ep.example, "hops", 0) or 0)
       m["id"] = getattr(ep.example, "id", "")
+      m["dataset"] = getattr(ep.example, "source", "") or ""
       m["completion"] = ep.text
       if judge is not None:
         verdict = judge(ep.example.question, m.get("prediction", ""), ep.example.answers)
@@ -44,6 +46,12 @@ def evaluate(task, policy, examples: Sequence, *, batch_size: int = 64, seed: in
     by_hops[r["hops"]].append(r)
   for h in sorted(by_hops):
     out[f"hops={h}"] = _mean(by_hops[h])
+  by_dataset = collections.defaultdict(list)
+  for r in rows:
+    by_dataset[r["dataset"]].append(r)
+  if len(by_dataset) > 1:              # a mixed evaluation set: each dataset on its own too
+    for name in sorted(by_dataset):
+      out[f"dataset={name}"] = _mean(by_dataset[name])
   return out
 
 

@@ -101,25 +101,34 @@ class OpenAIJudge:
     return verdict
 
   def _reply_text(self, body: dict) -> Optional[str]:
-    data = json.dumps(body).encode()
-    headers = {"Content-Type": "application/json"}
-    if self.api_key:
-      headers["Authorization"] = f"Bearer {self.api_key}"
-    for attempt in range(self.retries + 1):
-      if attempt:
-        time.sleep(self.backoff * 2 ** (attempt - 1))
-      try:
-        req = urllib.request.Request(self.url, data=data, headers=headers)
-        with urllib.request.urlopen(req, timeout=self.timeout) as resp:
-          raw = resp.read()
-      except urllib.error.HTTPError as e:
-        if e.code in _RETRY_STATUS:
-          continue
-        return None                   # 4xx: the request itself is wrong; retrying won't help
-      except _TRANSPORT_ERRORS:
+    return chat_completion(self.url, body, api_key=self.api_key, timeout=self.timeout,
+                           retries=self.retries, backoff=self.backoff)
+
+
+def chat_completion(url: str, body: dict, *, api_key: str = "", timeout: float = 30.0,
+                    retries: int = 2, backoff: float = 0.5) -> Optional[str]:
+  """POSTs `body` to an OpenAI-compatible `.../chat/completions` url; the first choice's message
+  content, or None when the request failed or the reply has no readable content. Transport
+  errors and 5xx/429 answers are retried `retries` times with a doubling pause; never raises."""
+  data = json.dumps(body).encode()
+  headers = {"Content-Type": "application/json"}
+  if api_key:
+    headers["Authorization"] = f"Bearer {api_key}"
+  for attempt in range(retries + 1):
+    if attempt:
+      time.sleep(backoff * 2 ** (attempt - 1))
+    try:
+      req = urllib.request.Request(url, data=data, headers=headers)
+      with urllib.request.urlopen(req, timeout=timeout) as resp:
+        raw = resp.read()
+    except urllib.error.HTTPError as e:
+      if e.code in _RETRY_STATUS:
         continue
-      return _content(raw)            # a readable HTTP 200 is final, whatever it says
-    return None
+      return None                   # 4xx: the request itself is wrong; retrying won't help
+    except _TRANSPORT_ERRORS:
+      continue
+    return _content(raw)            # a readable HTTP 200 is final, whatever it says
+  return None
 
 
 def _content(raw: bytes) -> Optional[str]:

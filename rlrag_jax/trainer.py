@@ -207,9 +207,10 @@ def run(config, *, resume: bool = False, progress: bool = True,
   # ---- switch to RL: the warm-up policy is the reference and the "before" baseline
   if stage == "sft":
     stage = "rl"
-    before = _evaluate(task, eval_policy.with_params(state.params), eval_examples, config,
-                       "before RL")
-    rlog.write(step, "eval_before", before["all"])
+    if rl_total > 0:          # an SFT-only run is evaluated once, at the end
+      before = _evaluate(task, eval_policy.with_params(state.params), eval_examples, config,
+                         "before RL")
+      rlog.write(step, "eval_before", before["all"])
     state = steps.new_state(state.params, "rl")
   if ref_params is None and steps.with_ref:
     ref_params = jax.tree_util.tree_map(jnp.copy, state.params)
@@ -360,14 +361,15 @@ def _report(workdir, rlog, before, after, seconds):
   rows.append({"checkpoint": "after RL", **after["all"]})
   table = runlog.format_table(rows, ["checkpoint"] + keys + ["n"], title="Held-out evaluation")
   hop_rows = [{"checkpoint": "after RL", "split": k, **v} for k, v in after.items()
-              if k.startswith("hops=")]
+              if k.startswith(("hops=", "dataset="))]
   if hop_rows:
-    table += "\n\n" + runlog.format_table(hop_rows, ["split"] + keys + ["n"], title="By hops")
+    table += "\n\n" + runlog.format_table(hop_rows, ["split"] + keys + ["n"], title="By hops and dataset")
   table += f"\n\nwall time: {seconds / 60:.1f} min"
   (workdir / "eval_table.txt").write_text(table + "\n")
   (workdir / "eval_summary.json").write_text(json.dumps(
       {"before": before and before["all"], "after": after["all"],
        "after_by_hops": {k: v for k, v in after.items() if k.startswith("hops=")},
+       "after_by_dataset": {k: v for k, v in after.items() if k.startswith("dataset=")},
        "minutes": seconds / 60}, indent=2))
   rl_rows = rlog.rows("rl")
   reward_keys = sorted({k for r in rl_rows for k in r if k.startswith("reward/")},

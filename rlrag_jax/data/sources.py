@@ -2,17 +2,33 @@
 
 `config.data.source`:
   'world'  the embedded world (`world.build(**config.data.world)`): train / dev (eval) / corpus;
-  'files'  real datasets named 'name:split' in `config.data.mix` and `config.data.eval_mix`,
-           read with `load_dataset` from `config.data.dir` (default RLRAG_DATA_DIR).
+  'files'  real datasets named 'name:split[:count]' in `config.data.mix` and
+           `config.data.eval_mix`, read with `load_dataset` from `config.data.dir` (default
+           RLRAG_DATA_DIR). A count draws that many examples of the split (seeded by
+           `config.seed` and the entry); more than the split holds is a `QuotaError` naming the
+           dataset, split and both counts, unless `data.allow_short=True` takes the whole split
+           and warns. Train and eval questions must not overlap (`OverlapError`; the check is
+           `data.check_overlap`, on by default).
 """
 from __future__ import annotations
 
 import dataclasses
+import logging
 import pathlib
 import random
 from typing import Optional
 
 from rlrag_jax.data.schema import Example
+
+log = logging.getLogger("rlrag_jax.data")
+
+
+class QuotaError(ValueError):
+  """A `data.mix` entry asks for more examples than its split holds."""
+
+
+class OverlapError(ValueError):
+  """The same question is in the training and the evaluation selection."""
 
 
 @dataclasses.dataclass
@@ -30,9 +46,11 @@ def select(data_cfg, seed: int = 0) -> Selection:
     train, ev, corpus = list(w.train), list(w.dev), list(w.corpus)
     sel = Selection(train, ev, corpus, w)
   elif data_cfg.source == "files":
-    load = lambda spec: _load_spec(spec, data_cfg.skip_invalid, data_cfg.dir or None)
-    train = [ex for spec in data_cfg.mix for ex in load(spec)]
-    ev = [ex for spec in data_cfg.eval_mix for ex in load(spec)]
+    load = lambda spec, key: _load_spec(spec, data_cfg, seed, key)
+    train = [ex for spec in data_cfg.mix for ex in load(spec, "data.mix")]
+    ev = [ex for spec in data_cfg.eval_mix for ex in load(spec, "data.eval_mix")]
+    if data_cfg.get("check_overlap", True):
+      check_disjoint(train, ev)
     sel = Selection(train, ev, [])
   else:
     raise ValueError(f"config key 'data.source' is {data_cfg.source!r}; expected 'world' or 'files'")
@@ -48,17 +66,60 @@ def select(data_cfg, seed: int = 0) -> Selection:
   return sel
 
 
-def _load_spec(spec: str, skip_invalid: bool, data_dir: Optional[str] = None) -> list:
+def parse_spec(spec: str, key: str = "data.mix") -> tuple:
+  """'name:split[:count]' -> (name, split or None, count or 0); errors name the config key."""
+  parts = str(spec).split(":")
+  name, split = parts[0].strip(), (parts[1].strip() if len(parts) > 1 else "")
+  count = 0
+  if len(parts) > 3 or not name:
+    raise ValueError(f"config key '{key}' entry {spec!r} should look like 'hotpotqa:dev' or "
+                     "'hotpotqa:train:10000'")
+  if len(parts) == 3:
+    try:
+      count = int(parts[2])
+    except ValueError:
+      count = -1
+    if count <= 0:
+      raise ValueError(f"config key '{key}' entry {spec!r}: the count {parts[2]!r} should be a "
+                       "positive integer")
+  return name, split or None, count
+
+
+def _load_spec(spec: str, data_cfg, seed: int, key: str) -> list:
   from rlrag_jax.data import loaders
-  name, _, split = spec.partition(":")
-  if not name:
-    raise ValueError(f"config key 'data.mix' entry {spec!r} should look like 'hotpotqa:dev'")
+  name, split, count = parse_spec(spec, key)
   path = None
-  if data_dir:
+  if data_cfg.dir:
     dataset, subset = loaders._canonical(name)  # pylint: disable=protected-access
-    path = pathlib.Path(data_dir) / (subset or loaders.FOLDERS[dataset])
-  return list(loaders.load_dataset(name, path=path, split=split or None,
-                                   skip_invalid=skip_invalid))
+    path = pathlib.Path(data_cfg.dir) / (subset or loaders.FOLDERS[dataset])
+  examples = list(loaders.load_dataset(name, path=path, split=split,
+                                       skip_invalid=data_cfg.skip_invalid))
+  if not count:
+    return examples
+  if count > len(examples):
+    msg = (f"config key '{key}' entry {spec!r}: asks for {count} examples but {name} split "
+           f"{split or '(default)'} has {len(examples)}")
+    if not data_cfg.get("allow_short", False):
+      raise QuotaError(msg + "; lower the count, point data.dir at the full dataset, or set "
+                       "data.allow_short=True to take them all")
+    log.warning("%s; data.allow_short=True: taking all %d", msg, len(examples))
+    return examples
+  return random.Random(f"{seed}:{spec}").sample(examples, count)
+
+
+def _question_key(q: str) -> str:
+  return " ".join(str(q).lower().split())
+
+
+def check_disjoint(train: list, ev: list) -> None:
+  """Raises OverlapError when a question (case and spacing ignored) is in both selections."""
+  seen = {_question_key(ex.question) for ex in train}
+  both = [ex for ex in ev if _question_key(ex.question) in seen]
+  if both:
+    raise OverlapError(
+        f"{len(both)} of {len(ev)} evaluation questions are also in the training selection "
+        f"(e.g. {both[0].source or '?'} {both[0].id!r}: {both[0].question[:80]!r}); use disjoint "
+        "splits in data.mix / data.eval_mix, or data.check_overlap=False to allow it")
 
 
 def limit_contexts(ex: Example, max_contexts: int, seed: int = 0) -> Example:

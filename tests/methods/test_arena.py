@@ -271,14 +271,15 @@ def test_reference_numbers():
 def test_build_prompt_numbers_references_in_order():
   ex = _example()
   p = arena.build_prompt(ex.question, [(c.title, c.text) for c in ex.contexts])
-  assert p.startswith(arena.INSTRUCTION + "\n\nReferences:\n")
+  assert p.startswith(arena.INSTRUCTION + "\nUser:\n<question>Who directed the film that "
+                      "stars Y?</question>\n<references>\n[1] Filler:")
   expected_refs = ("[1] Filler: Nothing to see here. Really.\n"
                    "[2] Inception: Inception is a 2010 film directed by Christopher Nolan. "
                    "It stars Y.\n"
                    "[3] Y: Y is an actor. He starred in Inception.\n"
                    "[4] Other: Other text.")
   assert expected_refs in p
-  assert p.endswith("\n\nQuestion: Who directed the film that stars Y?\n\nResponse:\n")
+  assert p.endswith("[4] Other: Other text.\n</references>\nAssistant:\n")
   assert arena.prompt_for(ex) == p
   assert arena.build_prompt(ex.question, ex.contexts) == p               # Context objects work
   assert "[2] Inception: Inception is a …" in arena.build_prompt(ex.question, ex.contexts, 15)
@@ -287,14 +288,22 @@ def test_build_prompt_numbers_references_in_order():
     arena.build_prompt("q", [("t", "x"), "just a string"])
   for tag in parsing.TAGS:
     assert tag in arena.INSTRUCTION
+  # The paper's Table 1 wording (spot checks of each line).
+  for line in ("A conversation between User and Assistant. The user asks a question and gives "
+               "some references.", "<references>[ references starting with numbers ]"
+               "</references>", "Assistant's response must contain EXACTLY three sections:",
+               "in square brackets, e.g. [1,5]]</relevance>",
+               "<answer>[ answer with ONLY a short phrase or single word. no explanations ]"):
+    assert line in arena.INSTRUCTION
 
 
 def test_build_messages():
   ex = _example()
   sys_msg, user = arena.messages_for(ex)
   assert sys_msg == {"role": "system", "content": arena.INSTRUCTION}
-  assert user["role"] == "user" and user["content"].startswith("References:\n[1] Filler:")
-  assert user["content"].endswith("Question: Who directed the film that stars Y?")
+  assert user["role"] == "user" and user["content"].startswith(
+      "<question>Who directed the film that stars Y?</question>\n<references>\n[1] Filler:")
+  assert user["content"].endswith("[4] Other: Other text.\n</references>")
   (only,) = arena.build_messages(ex.question, ex.contexts, system=False)
   assert only["role"] == "user"
   assert only["content"] == arena.INSTRUCTION + "\n\n" + user["content"]

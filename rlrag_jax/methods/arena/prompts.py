@@ -1,10 +1,12 @@
-"""ARENA's generator prompt: a question over references numbered [1]..[n], structured reply.
+"""ARENA's generator prompt: a question over references numbered from 1, structured reply.
 
-The model is asked for three parts and nothing else:
-`<relevance>[ids]</relevance><analysis>step-by-step reasoning</analysis><answer>short</answer>`.
-The wording below is ours, written from the paper's description of its structured protocol
-(ARENA, Ren et al. 2025, arXiv:2505.13258, Table 1); the stored copies of the paper that we could
-search did not include the text of Table 1.
+`INSTRUCTION` and `USER_TEMPLATE` are the paper's Table 1 (ARENA, Ren et al. 2025,
+arXiv:2505.13258), word for word: the instruction names the three parts the reply must hold, and
+the user turn is `<question>…</question>` then `<references>…</references>` with the references
+numbered from 1 ("[1] title: text", one per line; the paper says "references starting with
+numbers" and shows no separator, so the line layout is ours). This is the `paper` prompt style;
+the trainer's `compact` style (references, question and a cue, no instruction) is ours, for
+models trained from scratch.
 
 References are numbered in the order given; for an `Example` that is the order of
 `example.contexts`, and `reference_numbers` maps context ids to those numbers.
@@ -15,15 +17,22 @@ import dataclasses
 from typing import Optional, Sequence
 
 INSTRUCTION = (
-    "Answer the question using the numbered references below. Reply with exactly three parts, "
-    "in this order, and nothing else:\n"
-    "<relevance>the numbers of the references needed to answer the question, as a list such as "
-    "[1, 3]</relevance>\n"
-    "<analysis>your step-by-step reasoning over those references, citing them by number"
-    "</analysis>\n"
-    "<answer>the final answer only, as short as possible (a name, a date, a number, yes or no)"
-    "</answer>")
-RESPONSE_CUE = "Response:\n"
+    "A conversation between User and Assistant. The user asks a question and gives some "
+    "references. The assistant should answer the question based on the references.\n"
+    "User's input will always contain:\n"
+    "<question>[ the question to answer ]</question>\n"
+    "<references>[ references starting with numbers ]</references>\n"
+    "Assistant's response must contain EXACTLY three sections:\n"
+    "<relevance> [list ONLY reference numbers that provide useful information in square "
+    "brackets, e.g. [1,5]]</relevance>\n"
+    "<analysis>[ combine information from relevant references to build the answer. Explicitly "
+    "mention which references support each claim ]</analysis>\n"
+    "<answer>[ answer with ONLY a short phrase or single word. no explanations ]</answer>")
+USER_TEMPLATE = "<question>{question}</question>\n<references>{references}</references>"
+# The SFT-direct baseline's instruction (appendix E: question and all paragraphs in, a short
+# answer out, no reasoning or evidence selection). The paper gives no text; this one is ours.
+DIRECT_INSTRUCTION = ("Answer the question based on the references. Reply with ONLY the answer, "
+                      "a short phrase or a single word, and no explanation.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,12 +99,13 @@ def format_references(passages: Sequence, max_chars: Optional[int] = None) -> st
 
 
 def _body(question: str, passages: Sequence, max_chars: Optional[int]) -> str:
-  return (f"References:\n{format_references(passages, max_chars)}\n\n"
-          f"Question: {_one_line(question, None)}")
+  return USER_TEMPLATE.format(question=_one_line(question, None),
+                              references="\n" + format_references(passages, max_chars) + "\n")
 
 
-def build_prompt(question: str, passages: Sequence, max_chars: Optional[int] = None) -> str:
-  """Plain-text prompt for a base LM; the completion starts right after it.
+def build_prompt(question: str, passages: Sequence, max_chars: Optional[int] = None,
+                 instruction: str = INSTRUCTION) -> str:
+  """Plain-text prompt for a model without a chat template (Table 1 laid out as a transcript).
 
   Args:
     question: the question.
@@ -103,34 +113,48 @@ def build_prompt(question: str, passages: Sequence, max_chars: Optional[int] = N
     max_chars: cut each passage's text to this many characters (None: keep it whole).
 
   Returns:
-    INSTRUCTION, the numbered references, the question, then RESPONSE_CUE on its own line.
+    INSTRUCTION, "User:" and the user turn, then "Assistant:" on its own line.
   """
-  return f"{INSTRUCTION}\n\n{_body(question, passages, max_chars)}\n\n{RESPONSE_CUE}"
+  return f"{instruction}\nUser:\n{_body(question, passages, max_chars)}\nAssistant:\n"
 
 
 def build_messages(question: str, passages: Sequence, max_chars: Optional[int] = None,
-                   system: bool = True) -> list:
+                   system: bool = True, instruction: str = INSTRUCTION) -> list:
   """Chat messages for an instruct model (pass them to the tokenizer's chat template).
 
   Args:
     question, passages, max_chars: as in `build_prompt`.
-    system: put INSTRUCTION in a system message; False folds it into the user message, for chat
-      templates without a system role.
+    system: put the instruction in a system message; False folds it into the user message, for
+      chat templates without a system role.
+    instruction: INSTRUCTION (Table 1), or DIRECT_INSTRUCTION for the SFT-direct baseline.
 
   Returns:
     [{"role": "system", ...}, {"role": "user", ...}], or a single user message.
   """
   body = _body(question, passages, max_chars)
   if system:
-    return [{"role": "system", "content": INSTRUCTION}, {"role": "user", "content": body}]
-  return [{"role": "user", "content": f"{INSTRUCTION}\n\n{body}"}]
+    return [{"role": "system", "content": instruction}, {"role": "user", "content": body}]
+  return [{"role": "user", "content": f"{instruction}\n\n{body}"}]
 
 
-def prompt_for(example, max_chars: Optional[int] = None) -> str:
+def prompt_for(example, max_chars: Optional[int] = None, instruction: str = INSTRUCTION) -> str:
   """`build_prompt` over an Example's question and contexts."""
-  return build_prompt(example.question, passages_of(example), max_chars)
+  return build_prompt(example.question, passages_of(example), max_chars, instruction)
 
 
-def messages_for(example, max_chars: Optional[int] = None, system: bool = True) -> list:
+def messages_for(example, max_chars: Optional[int] = None, system: bool = True,
+                 instruction: str = INSTRUCTION) -> list:
   """`build_messages` over an Example's question and contexts."""
-  return build_messages(example.question, passages_of(example), max_chars, system)
+  return build_messages(example.question, passages_of(example), max_chars, system, instruction)
+
+
+# The paper's LLM-as-a-Judge prompt (its Table 6, asked at temperature 0; appendix D.3), word
+# for word. The gold aliases fill its "correct answer list" joined by " | " (the paper shows no
+# list syntax); the model's response is the <answer> text.
+JUDGE_TEMPLATE = (
+    "*************Consider a knowledge Q&A RAG task to test the capability of a testing model, "
+    "the correct answer list is:*************\n{gold}\n"
+    "*************Here is the model's response:*************\n{pred}\n"
+    "*************Please check if the model's answer is correct. As long as the model's answer "
+    "hits any item (or synonym) in the correct answer list, it can be considered correct. You "
+    "only need to answer \"yes\" or \"no\".*************")

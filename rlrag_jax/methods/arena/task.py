@@ -1,8 +1,11 @@
 """ARENA glue for the shared trainer: data -> prompts, SFT targets, single-turn rollouts, rewards."""
 from __future__ import annotations
 
+import json
+import logging
 from typing import Sequence
 
+from rlrag_jax import judge as judge_lib
 from rlrag_jax import metrics
 from rlrag_jax.data import sources
 from rlrag_jax.methods.arena import parsing, prompts, rewards, sft
@@ -11,17 +14,36 @@ from rlrag_jax.rollout.single_turn import single_turn
 SPECIAL_TOKENS = ("<relevance>", "</relevance>", "<analysis>", "</analysis>", "<answer>",
                   "</answer>")
 COMPACT_CUE = "Response:\n"
+SFT_TARGETS = ("structured", "direct", "teacher")
+log = logging.getLogger("rlrag_jax.arena")
+
+
+REWARD_WEIGHTS = ("w_format", "w_accuracy", "w_relevance", "bonus_value")
 
 
 class ArenaTask:
   name = "arena"
+  judge_prompt = judge_lib.JudgePrompt(prompts.JUDGE_TEMPLATE)     # the paper's Table 6
 
   def __init__(self, config):
     self.config = config
     sel = sources.select(config.data, seed=config.seed)
     self.train, self.eval, self.corpus = sel.train, sel.eval, sel.corpus
     self.max_chars = config.data.max_passage_chars or None
-    self.weights = dict(config.reward)
+    r = config.reward
+    self.weights = {k: float(r[k]) for k in REWARD_WEIGHTS}
+    self.relevance_parse = r.get("relevance_parse", "strict")
+    self.accuracy = r.get("accuracy", "em")
+    self.judge = judge_lib.from_config(r, prompt=self.judge_prompt)
+    if self.accuracy == "judge" and self.judge is None:
+      raise ValueError("config key 'reward.accuracy' is 'judge' but 'reward.judge_url' is empty")
+    self.sft_kind = config.sft.get("target", "structured")
+    if self.sft_kind not in SFT_TARGETS:
+      raise ValueError(f"config key 'sft.target' is {self.sft_kind!r}; expected one of "
+                       f"{SFT_TARGETS}")
+    self.instruction = (prompts.DIRECT_INSTRUCTION if self.sft_kind == "direct"
+                        else prompts.INSTRUCTION)
+    self.traces = _teacher_traces(config, self) if self.sft_kind == "teacher" else {}
     self.tokenizer = _tokenizer(config, self)
     self.use_chat = bool(config.model.chat_template and
                          getattr(self.tokenizer, "chat_template", None))
@@ -31,15 +53,24 @@ class ArenaTask:
     if self.config.data.prompt_style == "compact":
       return (prompts.format_references(prompts.passages_of(ex), self.max_chars) +
               f"\nQuestion: {ex.question}\n{COMPACT_CUE}")
-    return prompts.prompt_for(ex, self.max_chars)
+    return prompts.prompt_for(ex, self.max_chars, self.instruction)
 
   def prompt_ids(self, ex) -> list:
     if self.use_chat:
       from rlrag_jax.models import encode_prompt
-      return encode_prompt(self.tokenizer, prompts.messages_for(ex, self.max_chars))
+      return encode_prompt(self.tokenizer, prompts.messages_for(ex, self.max_chars,
+                                                                instruction=self.instruction))
     return self.tokenizer(self.prompt_text(ex), add_special_tokens=False)["input_ids"]
 
   def sft_target(self, ex) -> str:
+    """'structured': our gold relevance / analysis / answer; 'direct': the gold answer alone
+    (SFT-direct); 'teacher': the gold ids and answer around the teacher's trace (SFT-reasoning)."""
+    if self.sft_kind == "direct":
+      return ex.answers[0]
+    if self.sft_kind == "teacher":
+      gold = json.dumps(list(prompts.reference_numbers(ex).gold))
+      return (f"<relevance>{gold}</relevance><analysis>{self.traces[str(ex.id)]}</analysis>"
+              f"<answer>{ex.answers[0]}</answer>")
     return sft.gold_completion(ex, style=self.config.data.analysis_style)
 
   def sft_target_ids(self, ex) -> list:
@@ -58,13 +89,24 @@ class ArenaTask:
 
   def reward(self, episode, step: int = 0) -> dict:
     ex = episode.example
-    return rewards.reward(episode.text, ex.answers, prompts.reference_numbers(ex).gold,
-                          **self.weights)
+    judge, verdicts = None, []
+    if self.judge is not None:
+      def judge(answer, aliases):
+        verdicts.append(self.judge(ex.question, answer, aliases))
+        return verdicts[-1]
+    out = rewards.reward(episode.text, ex.answers, prompts.reference_numbers(ex).gold,
+                         relevance_parse=self.relevance_parse, accuracy=self.accuracy,
+                         judge=judge, **self.weights)
+    if self.judge is not None:     # "not judged" scored 0; its mean is the failure rate
+      out["judge_failed"] = float(any(v is None for v in verdicts))
+    return out
 
   def eval_metrics(self, episode) -> dict:
     ex = episode.example
     r = self.reward(episode)
-    answer = parsing.parse(episode.text).answer or ""
+    answer = parsing.parse(episode.text, self.relevance_parse).answer or ""
+    if self.sft_kind == "direct":        # SFT-direct replies with the bare answer
+      answer = episode.text.strip()
     return {"em": metrics.exact_match(answer, ex.answers), "f1": metrics.f1(answer, ex.answers),
             "format": r["format"], "relevance": r["relevance"], "accuracy": r["accuracy"],
             "reward": r["total"], "prediction": answer}
@@ -74,6 +116,24 @@ class ArenaTask:
     for ex in list(self.train) + list(self.eval):
       yield self.prompt_text(ex)
       yield self.sft_target(ex)
+
+
+def _teacher_traces(config, task) -> dict:
+  """The traces file of `sft.teacher_traces`; training keeps the examples that have a trace."""
+  from rlrag_jax.methods.arena import teacher_traces
+  path = config.sft.get("teacher_traces", "")
+  if not path:
+    raise ValueError("config key 'sft.target' is 'teacher' but 'sft.teacher_traces' is empty; "
+                     "build the file with python -m rlrag_jax.methods.arena.teacher_traces")
+  traces = teacher_traces.read_traces(path)
+  keep = [ex for ex in task.train if str(ex.id) in traces]
+  if not keep:
+    raise ValueError(f"{path}: no trace for any of the {len(task.train)} training examples")
+  if len(keep) < len(task.train):
+    log.warning("%s: %d of %d training examples have no teacher trace and are left out",
+                path, len(task.train) - len(keep), len(task.train))
+  task.train = keep
+  return traces
 
 
 def _tokenizer(config, task):

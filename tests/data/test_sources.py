@@ -1,0 +1,52 @@
+"""data.mix / data.eval_mix entries 'name:split[:count]': quotas, seeded draws, overlap refusal."""
+import ml_collections
+import pytest
+
+from rlrag_jax.data import sources
+
+
+def _cfg(data_dir, mix, eval_mix, **kw):
+  return ml_collections.ConfigDict(dict(
+      source="files", dir=str(data_dir), mix=mix, eval_mix=eval_mix, max_train=0, max_eval=0,
+      skip_invalid=False, allow_short=False, check_overlap=True, max_contexts=0) | kw)
+
+
+def test_parse_spec_and_its_errors():
+  assert sources.parse_spec("hotpotqa:train:10000") == ("hotpotqa", "train", 10000)
+  assert sources.parse_spec("2wiki:dev") == ("2wiki", "dev", 0)
+  assert sources.parse_spec("musique") == ("musique", None, 0)
+  for bad in ("hotpotqa:train:ten", "hotpotqa:train:0", "hotpotqa:train:-5", ":dev",
+              "a:b:1:2"):
+    with pytest.raises(ValueError, match=r"config key 'data.mix' entry"):
+      sources.parse_spec(bad)
+
+
+def test_quotas_draw_seeded_samples_per_dataset(shared_data_dir):
+  cfg = _cfg(shared_data_dir, ("hotpotqa:train:7", "musique:train:5"), ("hotpotqa:dev:4",))
+  sel = sources.select(cfg, seed=0)
+  assert [ex.source for ex in sel.train].count("hotpotqa") == 7
+  assert [ex.source for ex in sel.train].count("musique") == 5
+  assert len(sel.eval) == 4 and {ex.source for ex in sel.eval} == {"hotpotqa"}
+  again = sources.select(cfg, seed=0)
+  assert [ex.id for ex in again.train] == [ex.id for ex in sel.train]
+  other = sources.select(cfg, seed=1)
+  assert {ex.id for ex in other.train} != {ex.id for ex in sel.train}
+
+
+def test_quota_above_the_split_is_a_clear_error_unless_allow_short(shared_data_dir, caplog):
+  cfg = _cfg(shared_data_dir, ("musique:train:5000",), ())
+  with pytest.raises(sources.QuotaError,
+                     match=r"'musique:train:5000': asks for 5000 examples but musique split "
+                           r"train has 100"):
+    sources.select(cfg)
+  cfg.allow_short = True
+  assert len(sources.select(cfg).train) == 100
+  assert "data.allow_short=True: taking all 100" in caplog.text
+
+
+def test_train_eval_overlap_is_refused(shared_data_dir):
+  cfg = _cfg(shared_data_dir, ("hotpotqa:dev:50",), ("hotpotqa:dev",))
+  with pytest.raises(sources.OverlapError, match=r"50 of 1000 evaluation questions"):
+    sources.select(cfg)
+  cfg.check_overlap = False
+  assert len(sources.select(cfg).eval) == 1000
