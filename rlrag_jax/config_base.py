@@ -26,7 +26,9 @@ trainer (`rlrag_jax.trainer`) reads these sections for every method:
             warmup, warmup_ratio, weight_decay, max_grad_norm), KL
             (kl_beta, kl_estimator k1 | k2 | k3), PPO clip (clip_eps_low / _high, dual_clip),
             aggregation (sequence_mean | token_mean | constant), advantages (scale_std,
-            adv_eps), mu (updates per batch), micro_batches, dynamic_sampling (+ max tries),
+            adv_eps), mu (updates per batch), micro_batches, dynamic_sampling (+ max tries;
+            dynamic_sampling_key: the reward entry whose spread within a group keeps it, e.g.
+            'total' or 'correct' as DAPO does),
             pack_bucket.
   eval      every (RL steps; 0 = before and after RL only), num_examples, max_new_tokens,
             batch_size, optional OpenAI-compatible judge (judge_url, judge_model).
@@ -66,7 +68,8 @@ def trainer_config(method: str, workdir: str) -> ml_collections.ConfigDict:
       top_p=1.0, max_new_tokens=128, lr=1e-4, lr_schedule="cosine", warmup_ratio=0.0,
       weight_decay=0.0, max_grad_norm=1.0, kl_beta=0.04, kl_estimator="k3", clip_eps_low=0.2, clip_eps_high=0.2,
       dual_clip=0.0, aggregation="sequence_mean", scale_std=True, adv_eps=1e-4, mu=1,
-      micro_batches=1, dynamic_sampling=False, dynamic_max_tries=3, pack_bucket=64))
+      micro_batches=1, dynamic_sampling=False, dynamic_sampling_key="total",
+      dynamic_max_tries=3, pack_bucket=64))
 
   c.eval = ml_collections.ConfigDict(dict(every=0, num_examples=200, max_new_tokens=128,
                                           batch_size=64, judge_url="", judge_model=""))

@@ -311,8 +311,12 @@ def _collect(task, policy, rl_iter, key, config, step):
     eps = task.rollout(policy, exs, sub, group_size=g)
     sc = [task.reward(e, step) for e in eps]
     if config.rl.dynamic_sampling:
+      key_name = config.rl.get("dynamic_sampling_key", "total")
+      if key_name not in sc[0]:
+        raise ValueError(f"config key 'rl.dynamic_sampling_key' is {key_name!r}, but the "
+                         f"{config.method} reward has only {sorted(sc[0])}")
       keep = dynamic_sampling.filter_zero_spread_groups(
-          np.array([s["total"] for s in sc], np.float32), g)
+          np.array([s[key_name] for s in sc], np.float32), g)
       for gi, k in enumerate(keep):
         if k and len(episodes) < want * g:
           episodes += eps[gi * g:(gi + 1) * g]

@@ -68,6 +68,7 @@ def search_paper(ckpt, workdir):
   c.rl.max_new_tokens = 8
   c.eval.max_new_tokens = 8
   c.eval.baselines = False
+  c.reward.match = "em"                                  # no judge endpoint in tests
   return c
 
 

@@ -178,7 +178,7 @@ def test_parse_and_reward_never_raise(text):
   assert (p.structure is None) == bool(p.errors)
   embed = lambda qs: np.array([[len(q) + 1.0, q.count("e") + 1.0] for q in qs])
   r = search.reward(text, ["Paris"], queries_embeddings=embed, stage=2)
-  assert set(r) == {"format", "search", "answer", "total", "retrieval_count"}
+  assert set(r) == {"format", "search", "answer", "total", "retrieval_count", "correct"}
   assert math.isclose(r["total"], r["format"] + r["search"] + r["answer"])
 
 
@@ -339,11 +339,12 @@ def test_total_by_hand():
   r = search.reward(_b(QUERIES[3], answer="the James Cameron."), ["James Cameron"],
                     queries_embeddings=E3, stage=2)
   assert r == pytest.approx({"format": 1.0, "search": 1 / 3, "answer": 0.1,
-                             "total": 1 + 1 / 3 + 0.1, "retrieval_count": 3})
+                             "total": 1 + 1 / 3 + 0.1, "retrieval_count": 3,
+                             "correct": 1.0})
   # invalid (text after answer), RC = 1 verbose (-1), stage 1 wrong (-1 + 0.5*1) with beta 0.5
   r = search.reward(_b(["where was Cameron born?"], answer="Ottawa") + " bye", ["Kapuskasing"],
                     stage=1, beta=0.5)
-  assert r == pytest.approx({"format": -1.0, "search": -1.0, "answer": -0.5, "total": -2.5,
+  assert r == pytest.approx({"format": -1.0, "search": -1.0, "answer": -0.5, "total": -2.5, "correct": 0.0,
                              "retrieval_count": 1})
 
 
@@ -413,7 +414,7 @@ def test_gold_trajectory_b():
   assert search.extract_query(first_turn) == "the performer of Green"
   r = search.reward(text, ex.answers, queries_embeddings=[[1.0, 0.0], [0.0, 1.0]], stage=2)
   assert r == pytest.approx({"format": 1.0, "search": 0.0, "answer": 1 - 0.3 * 2,
-                             "total": 1.4, "retrieval_count": 2})
+                             "total": 1.4, "retrieval_count": 2, "correct": 1.0})
 
 
 def test_gold_trajectory_falls_back_to_titles_and_to_the_question():
@@ -435,7 +436,8 @@ def test_gold_trajectory_a():
   text = search.gold_trajectory_direct(ex)
   assert search.parse(text).structure == "A"
   assert search.reward(text, ex.answers, stage=2) == pytest.approx(
-      {"format": 1.0, "search": 0.0, "answer": 1.0, "total": 2.0, "retrieval_count": 0})
+      {"format": 1.0, "search": 0.0, "answer": 1.0, "total": 2.0, "retrieval_count": 0,
+       "correct": 1.0})
 
 
 @pytest.mark.data
@@ -463,3 +465,33 @@ def test_gold_trajectories_on_real_musique(shared_data_dir):
                            stage=1)["answer"] == 1.0
       n += 1
   assert n > 50
+
+
+def test_eq8_unified_ablations_and_performed_count_by_hand():
+  # Three queries with embeddings whose pairwise cosines are 1, 0, 0: pair sum 1.
+  emb = np.array([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0]])
+  text = _b(QUERIES[3], answer="James Cameron")
+  eq8 = search.reward(text, ["James Cameron"], emb, stage=1, rs_form="eq8")
+  pm = search.reward(text, ["James Cameron"], emb, stage=1, rs_form="pairwise_mean")
+  assert eq8["search"] == pytest.approx(-1 / (3 * 2))      # Eq. 8: sum / (N (N - 1))
+  assert pm["search"] == pytest.approx(-1 / 3)              # mean over the 3 pairs
+  # Unified answer reward: correct 1 - beta RC, wrong -1 + beta RC, in either stage.
+  for stage in (1, 2):
+    u = search.reward(text, ["James Cameron"], emb, stage=stage, answer_form="unified")
+    assert u["answer"] == pytest.approx(1 - 0.3 * 3)
+    w = search.reward(text, ["Spielberg"], emb, stage=stage, answer_form="unified")
+    assert w["answer"] == pytest.approx(-1 + 0.3 * 3) and w["correct"] == 0.0
+  # Ablations drop a component from the total but still report it.
+  no_rs = search.reward(text, ["James Cameron"], emb, stage=1, use_search=False)
+  assert no_rs["total"] == pytest.approx(1.0 + 1.0) and no_rs["search"] == pytest.approx(-1 / 3)
+  no_ra = search.reward(text, ["James Cameron"], emb, stage=1, use_answer=False)
+  assert no_ra["total"] == pytest.approx(1.0 - 1 / 3)
+  # Only performed retrievals count: with 2 performed (the third refused past max_turns),
+  # RC = 2 and r_s scores the first two queries (cosine 1).
+  two = search.reward(text, ["James Cameron"], emb[:2], stage=2, retrieval_count=2)
+  assert two["retrieval_count"] == 2 and two["search"] == pytest.approx(-1.0)
+  assert two["answer"] == pytest.approx(1 - 0.3 * 2)
+  with pytest.raises(ValueError, match="rs_form"):
+    search.reward(text, ["x"], emb, rs_form="mean")
+  with pytest.raises(ValueError, match="answer_form"):
+    search.reward(text, ["x"], emb, answer_form="both")

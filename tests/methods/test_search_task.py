@@ -250,12 +250,20 @@ def test_reward_stage_switch_on_the_global_step(task):
   r1 = task.reward(_episode(task, text, ex), sft + 2)
   r2 = task.reward(_episode(task, text, ex), sft + 3)
   assert r1 == pytest.approx({"format": 1.0, "search": -cos, "answer": 1.0,
-                              "total": 2.0 - cos, "retrieval_count": 2, "stage": 1.0}, abs=1e-5)
+                              "total": 2.0 - cos, "retrieval_count": 2, "stage": 1.0,
+                              "correct": 1.0}, abs=1e-5)
   assert r2 == pytest.approx({"format": 1.0, "search": -cos, "answer": 1.0 - 0.6,
-                              "total": 1.4 - cos, "retrieval_count": 2, "stage": 2.0}, abs=1e-5)
+                              "total": 1.4 - cos, "retrieval_count": 2, "stage": 2.0,
+                              "correct": 1.0}, abs=1e-5)
   wrong = text.replace(f"<answer>{ans}</answer>", "<answer>nobody at all</answer>")
   assert task.reward(_episode(task, wrong, ex), sft + 2)["answer"] == pytest.approx(-1 + 0.6)
   assert task.reward(_episode(task, wrong, ex), sft + 3)["answer"] == -1.0
+  # The rollout ran one retrieval (the second query was refused past max_turns): RC = 1.
+  one = _episode(task, text, ex)
+  one.info["retrievals"] = 1
+  r = task.reward(one, sft + 3)
+  assert r["retrieval_count"] == 1 and r["answer"] == pytest.approx(1.0 - 0.3)
+  assert r["search"] == 0.0                            # one concise query
 
 
 def test_reward_never_raises_on_malformed_output(task):
@@ -286,7 +294,24 @@ def test_judge_gets_the_question(task, monkeypatch):
                              ex), 1)
   finally:
     task._judge = None
-  assert r["answer"] == 1.0 and calls == [(ex.question, "zz", list(ex.answers))]
+  # The judge sees the question and, as the paper's B.4 says, normalised strings.
+  from rlrag_jax.metrics import normalize_answer
+  assert r["answer"] == 1.0 and r["judge_failed"] == 0.0
+  assert calls == [(ex.question, "zz", [normalize_answer(a) for a in ex.answers])]
+  assert task.judge_prompt.template.startswith("You are an evaluation assistant.")
+
+
+def test_unjudged_reply_scores_wrong_and_is_counted(task, monkeypatch):
+  from rlrag_jax import judge
+  monkeypatch.setattr(judge.OpenAIJudge, "__call__", lambda self, q, pred, answers: None)
+  task._judge = judge.OpenAIJudge("http://localhost:1/v1", "m")
+  try:
+    ex = task.train[0]
+    r = task.reward(_episode(task, "<think>t</think>\n<reflect>r</reflect>\n<answer>"
+                             f"{ex.answers[0]}</answer>", ex), 1)
+  finally:
+    task._judge = None
+  assert r["correct"] == 0.0 and r["answer"] == -1.0 and r["judge_failed"] == 1.0
 
 
 # ---------------------------------------------------------------- reference pipelines

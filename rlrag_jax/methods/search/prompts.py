@@ -7,8 +7,10 @@ documents as `observation_block(format_observation(hits))`, i.e.
 "\\n\\n<information>Doc 1 (Title: …) text\\nDoc 2 (Title: …) text</information>\\n\\n". The model
 then reflects in <reflect>…</reflect>, may search again, and finally answers (structure B).
 
-The paper's own prompt wording was not found in the sources searched; PROMPT is written from the
-protocol description above.
+`PROMPT` is the paper's "Instruction for Trained RLM" (appendix B.4) word for word, followed by
+the question on a line "Question: …" (the paper does not show where the question goes; that
+line is ours). `JUDGE_TEMPLATE` is its "Instruction for Judge LLM" (B.4), with the normalised
+prediction and gold answers filled in.
 """
 from __future__ import annotations
 
@@ -22,15 +24,39 @@ SEARCH_STOP = "</search>"
 STOP_STRINGS = (SEARCH_STOP,)
 
 PROMPT = (
-    "Answer the question. First think step by step inside <think> and </think>. "
-    "If your own knowledge is enough, check your reasoning inside <reflect> and </reflect>, "
-    "then give the final answer inside <answer> and </answer>. "
-    "If you need outside knowledge, write a short keyword query (keywords, not a question) "
-    "inside <search> and </search>; the search results will be given to you inside "
-    "<information> and </information>. After each result, reflect on it inside <reflect> and "
-    "</reflect>, then either search again for what is still missing or give the final answer "
-    "inside <answer> and </answer>. The final answer is a short phrase without explanation.\n"
+    "Please answer the given question by following the structured reasoning protocol below:\n"
+    "1. Always begin with `<think>...</think>` to provide a brief internal reasoning sketch. - "
+    "This reasoning must primarily rely on your internal knowledge and reasoning abilities. - If "
+    "your internal knowledge is sufficient to answer the question, do not assume the need for "
+    "external tools.\n"
+    "2. If your internal knowledge is sufficient to answer the question: - Provide a concise "
+    "summary of your reasoning inside `<reflect>...</reflect>`. - Then give the final answer "
+    "inside `<answer>...</answer>`. - Under no circumstances should you generate a `<search>` "
+    "block if your internal knowledge is adequate.\n"
+    "3. Only if your internal knowledge is genuinely insufficient to answer the question: - "
+    "Generate a brief keyword-based search query inside `<search>...</search>`. The query should "
+    "be as concise as possible but must include sufficient factual clues, such as names, dates, "
+    "locations, key concepts, etc. - The query should be a brief description with multiple "
+    "keywords instead of a natural language question.\n"
+    "4. When the system returns information inside `<information>...</information>`: - If the "
+    "information is reliable and sufficient, integrate it with your reasoning inside "
+    "`<reflect>...</reflect>`. - Then provide the final concise answer inside "
+    "`<answer>...</answer>`.\n"
+    "5. If the retrieved information is insufficient or contradicts your internal knowledge: - "
+    "Explain the issue within `<reflect>...</reflect>`. - If necessary, generate a revised "
+    "`<search>` query.\n"
+    "6. Final rule: - The final answer must be concise and clear, placed inside "
+    "`<answer></answer>`. - Internal reasoning (in `<think>`) must always be the primary method; "
+    "tool usage should be a last resort, not the default.\n"
     "Question: {question}\n")
+
+JUDGE_TEMPLATE = (
+    "You are an evaluation assistant. Your task is to determine whether the given prediction "
+    "semantically matches any of the reference answers. This is a flexible match: even if the "
+    "wording is different, if the meaning is the same, consider it a match. Prediction: {pred} "
+    "Reference Answers: {gold} Please answer with a single word: - YES \u2192 if the prediction "
+    "expresses the same meaning as any of the reference answers. - NO \u2192 otherwise. Only "
+    "respond with YES or NO.")
 
 _TAG_TOKEN = re.compile(r"</?(?:" + "|".join(TAGS) + r")>")
 

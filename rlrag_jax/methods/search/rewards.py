@@ -1,13 +1,22 @@
 """Multi-stage rewards of "Learning When to Search": format, search and answer, returned apart.
 
   format  r_f = +1 when the completion follows structure A or B (see parsing), else -1.
-  search  RC = number of search calls.
+  search  RC = number of retrievals performed (the rollout's count of observations appended;
+          without it, the completion's search calls). A query refused past `max_turns` is not a
+          retrieval and does not count.
           RC == 0: 0.   RC == 1: 0 if the query is concise (conciseness.RULES), else -1.
-          RC > 1: -(mean cosine similarity over the RC*(RC-1)/2 pairs of query embeddings).
-  answer  stage 1: correct 1, wrong -1 + beta*RC   (searching is cheap while learning to search)
-          stage 2: correct 1 - beta*RC, wrong -1   (searching costs once answers are right)
+          RC > 1: -avg_sim over the performed queries' embeddings, where avg_sim is
+            rs_form='eq8':          the paper's Eq. 8, sum over i<j of cos / (RC (RC-1)), or
+            rs_form='pairwise_mean': the mean over the RC (RC-1) / 2 pairs (twice Eq. 8; what the
+                                     paper's prose calls "the mean of pairwise similarities").
+  answer  answer_form='staged' (the paper's two stages):
+            stage 1: correct 1, wrong -1 + beta*RC   (searching is cheap while learning to search)
+            stage 2: correct 1 - beta*RC, wrong -1   (searching costs once answers are right)
+          answer_form='unified' (the paper's Table 2 comparison, no stages): correct 1 - beta*RC,
+          wrong -1 + beta*RC.
           A missing answer is wrong. The answer is scored even when the format is invalid.
-  total   r_f + r_s + r_a.
+  total   r_f + r_s + r_a; the ablations drop r_s (use_search=False) or r_a (use_answer=False)
+          from the total (the components are still reported).
 
 Correctness is normalised exact match by default, token F1 >= f1_threshold with
 match='f1', or an injected `judge(prediction, answers) -> bool`, e.g. the shared
@@ -30,7 +39,9 @@ from rlrag_jax.methods.search import conciseness
 from rlrag_jax.methods.search.parsing import Parsed, parse
 
 STAGES = (1, 2)
-MATCHES = ("em", "f1")
+MATCHES = ("em", "f1", "judge")
+RS_FORMS = ("eq8", "pairwise_mean")
+ANSWER_FORMS = ("staged", "unified")
 
 
 def format_reward(parsed: Parsed) -> float:
@@ -55,9 +66,11 @@ def mean_pairwise_cosine(embeddings) -> float:
 
 
 def search_reward(queries: list, queries_embeddings=None,
-                  max_words: int = conciseness.MAX_WORDS) -> float:
-  """r_s for the parsed queries. For more than one query, `queries_embeddings` is an
+                  max_words: int = conciseness.MAX_WORDS, rs_form: str = "pairwise_mean") -> float:
+  """r_s for the performed queries. For more than one query, `queries_embeddings` is an
   [len(queries), d] array or a callable mapping the list of queries to one."""
+  if rs_form not in RS_FORMS:
+    raise ValueError(f"reward.rs_form is {rs_form!r}; expected one of {RS_FORMS}")
   rc = len(queries)
   if rc == 0:
     return 0.0
@@ -72,12 +85,17 @@ def search_reward(queries: list, queries_embeddings=None,
   if len(shape) != 2 or shape[0] != rc:
     raise ValueError(f"search_reward: queries_embeddings must have shape [{rc}, d] (one row per "
                      f"query of parse(completion).queries), got {shape}")
-  return -mean_pairwise_cosine(emb)
+  mean = mean_pairwise_cosine(emb)
+  return -mean / 2.0 if rs_form == "eq8" else -mean     # Eq. 8 divides the pair sum by N(N-1)
 
 
 def answer_reward(correct: bool, retrieval_count: int, stage: int = 1,
-                  beta: float = 0.3) -> float:
-  """r_a of the two-stage design (see module docstring)."""
+                  beta: float = 0.3, answer_form: str = "staged") -> float:
+  """r_a of the two-stage design, or of the unified one (see module docstring)."""
+  if answer_form == "unified":
+    return 1.0 - beta * retrieval_count if correct else -1.0 + beta * retrieval_count
+  if answer_form != "staged":
+    raise ValueError(f"reward.answer_form is {answer_form!r}; expected one of {ANSWER_FORMS}")
   if stage == 1:
     return 1.0 if correct else -1.0 + beta * retrieval_count
   if stage == 2:
@@ -96,6 +114,8 @@ def is_correct(prediction: Optional[str], answers, match: str = "em",
   aliases = [answers] if isinstance(answers, str) else list(answers)
   if judge is not None:
     return bool(judge(prediction, aliases))
+  if match == "judge":
+    raise ValueError("is_correct: match='judge' needs a judge (set reward.judge_url)")
   if match == "f1":
     return metrics.f1(prediction, aliases) >= f1_threshold
   return metrics.exact_match(prediction, aliases) == 1.0
@@ -113,32 +133,38 @@ class Score:
 
   def as_dict(self) -> dict:
     return {"format": self.format, "search": self.search, "answer": self.answer,
-            "total": self.total, "retrieval_count": self.retrieval_count}
+            "total": self.total, "retrieval_count": self.retrieval_count,
+            "correct": float(self.correct)}
 
 
 def score(completion: str, answers: list, queries_embeddings=None, stage: int = 1,
           beta: float = 0.3, *, match: str = "em", f1_threshold: float = 0.5,
           judge: Optional[Callable[[str, list], bool]] = None,
-          max_query_words: int = conciseness.MAX_WORDS) -> Score:
-  """Every component of the reward, with the parse and the correctness verdict."""
+          max_query_words: int = conciseness.MAX_WORDS, retrieval_count: Optional[int] = None,
+          rs_form: str = "pairwise_mean", answer_form: str = "staged", use_search: bool = True,
+          use_answer: bool = True) -> Score:
+  """Every component of the reward, with the parse and the correctness verdict.
+
+  `retrieval_count`: retrievals the rollout performed (None: the completion's search calls);
+  only the first that many queries are scored by r_s."""
   if stage not in STAGES:
     raise ValueError(f"reward: stage must be one of {STAGES}, got {stage!r}")
   parsed = parse(completion)
+  rc = parsed.retrieval_count if retrieval_count is None else min(int(retrieval_count),
+                                                                  parsed.retrieval_count)
   r_f = format_reward(parsed)
-  r_s = search_reward(parsed.queries, queries_embeddings, max_query_words)
+  r_s = search_reward(parsed.queries[:rc], queries_embeddings, max_query_words, rs_form)
   correct = is_correct(parsed.answer, answers, match, f1_threshold, judge)
-  r_a = answer_reward(correct, parsed.retrieval_count, stage, beta)
-  return Score(r_f, r_s, r_a, r_f + r_s + r_a, parsed.retrieval_count, correct, parsed)
+  r_a = answer_reward(correct, rc, stage, beta, answer_form)
+  total = r_f + (r_s if use_search else 0.0) + (r_a if use_answer else 0.0)
+  return Score(r_f, r_s, r_a, total, rc, correct, parsed)
 
 
 def reward(completion: str, answers: list, queries_embeddings=None, stage: int = 1,
-           beta: float = 0.3, *, match: str = "em", f1_threshold: float = 0.5,
-           judge: Optional[Callable[[str, list], bool]] = None,
-           max_query_words: int = conciseness.MAX_WORDS) -> dict:
-  """{'format', 'search', 'answer', 'total', 'retrieval_count'} for one completion.
+           beta: float = 0.3, **options) -> dict:
+  """{'format', 'search', 'answer', 'total', 'retrieval_count', 'correct'} for one completion.
 
-  The keyword options are score()'s: match ('em' | 'f1'), f1_threshold, judge, max_query_words.
+  The keyword options are score()'s (match, f1_threshold, judge, max_query_words,
+  retrieval_count, rs_form, answer_form, use_search, use_answer).
   """
-  return score(completion, answers, queries_embeddings, stage, beta, match=match,
-               f1_threshold=f1_threshold, judge=judge,
-               max_query_words=max_query_words).as_dict()
+  return score(completion, answers, queries_embeddings, stage, beta, **options).as_dict()

@@ -47,6 +47,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from rlrag_jax import judge as judge_lib
 from rlrag_jax import metrics
 from rlrag_jax.data import sources
 from rlrag_jax.methods.search import parsing, prompts, rewards
@@ -86,6 +87,8 @@ class SearchEnv:
 
 class SearchTask:
   name = "search"
+  # The paper's "Instruction for Judge LLM" (B.4), with yes/no read case-insensitively.
+  judge_prompt = judge_lib.JudgePrompt(prompts.JUDGE_TEMPLATE)
 
   def __init__(self, config, *, encoder=None):
     """`encoder` (anything with .encode(texts, batch_size) -> unit rows, .dim, .id) replaces
@@ -100,9 +103,13 @@ class SearchTask:
     self.tokenizer = _tokenizer(config, self)
     self.use_chat = bool(config.model.chat_template and
                          getattr(self.tokenizer, "chat_template", None))
+    self._drop_long_prompts(int(config.tool.get("max_prompt_len", 0) or 0))
     self._emb_cache = {}
     self._gold = {}
     self._judge = _judge(config.reward)
+    if config.reward.match == "judge" and self._judge is None:
+      raise ValueError("config key 'reward.match' is 'judge' but 'reward.judge_url' is empty: "
+                       "point it at an OpenAI-compatible endpoint, or set reward.match='em'")
     self.encoder, self.retriever, self._index_dir = _retriever(config, self.corpus, encoder)
     if self.train:
       n_known = sum(len(v) for v in self._known.values())
@@ -144,6 +151,21 @@ class SearchTask:
       return encode_prompt(self.tokenizer, [{"role": "user",
                                              "content": prompts.build_prompt(ex.question)}])
     return self.tokenizer(self.prompt_text(ex), add_special_tokens=False)["input_ids"]
+
+  def _drop_long_prompts(self, limit: int) -> None:
+    """`tool.max_prompt_len` > 0: training examples whose prompt is longer are left out, counted
+    and logged (the paper's max_prompt_length; its framework filters such prompts the same way).
+    Evaluation examples are kept whole."""
+    if limit <= 0 or not self.train:
+      return
+    keep = [ex for ex in self.train if len(self.prompt_ids(ex)) <= limit]
+    if len(keep) < len(self.train):
+      log.warning("search: %d of %d training prompts are longer than tool.max_prompt_len=%d "
+                  "tokens and are left out", len(self.train) - len(keep), len(self.train), limit)
+    if not keep:
+      raise ValueError(f"search: every training prompt is longer than config key "
+                       f"'tool.max_prompt_len' = {limit} tokens")
+    self.train = keep
 
   # ---------------------------------------------------------------- SFT targets
   def known_steps(self, ex) -> frozenset:
@@ -258,6 +280,8 @@ class SearchTask:
           text=self.decode(comp),
           info={"pipeline": pipeline, "turns": turns, "finish": out.finish_reason[row],
                 "tool_calls": out.num_tool_calls[row],
+                # retrievals performed: the loop's observations plus naive RAG's forced one
+                "retrievals": out.num_tool_calls[row] + (pipeline == "naive_rag"),
                 "queries": [t.info["query"] for t in turns if "query" in t.info],
                 "retrieved": [t.info["ids"] for t in turns if "ids" in t.info]}))
     return episodes
@@ -284,21 +308,35 @@ class SearchTask:
     rl_step = int(step) - self.sft_steps
     return 2 if 0 < self.stage2_step <= rl_step else 1
 
-  def _score(self, episode, stage: int) -> rewards.Score:
+  def _score(self, episode, stage: int, verdicts: Optional[list] = None) -> rewards.Score:
     r = self.config.reward
     judge = None
     if self._judge is not None:
       question = episode.example.question
-      judge = lambda pred, answers: self._judge(question, pred, answers)
+
+      def judge(pred, answers):        # the paper's judge sees normalised strings (B.4)
+        v = self._judge(question, metrics.normalize_answer(pred),
+                        [metrics.normalize_answer(a) for a in answers])
+        if verdicts is not None:
+          verdicts.append(v)
+        return v is True
+    performed = episode.info.get("retrievals")       # retrievals the rollout actually ran
     return rewards.score(episode.text, episode.example.answers, queries_embeddings=self.embed,
                          stage=stage, beta=float(r.beta), match=r.match,
                          f1_threshold=float(r.f1_threshold), judge=judge,
-                         max_query_words=int(r.max_query_words))
+                         max_query_words=int(r.max_query_words), retrieval_count=performed,
+                         rs_form=r.get("rs_form", "pairwise_mean"),
+                         answer_form=r.get("answer_form", "staged"),
+                         use_search=bool(r.get("use_search", True)),
+                         use_answer=bool(r.get("use_answer", True)))
 
   def reward(self, episode, step: int = 0) -> dict:
     stage = self.stage(step)
-    out = self._score(episode, stage).as_dict()
+    verdicts = []
+    out = self._score(episode, stage, verdicts).as_dict()
     out["stage"] = float(stage)
+    if self._judge is not None:      # "not judged" scores as wrong; its mean is the failure rate
+      out["judge_failed"] = float(any(v is None for v in verdicts))
     return out
 
   def eval_metrics(self, episode) -> dict:
@@ -385,11 +423,7 @@ def _known_steps(train, min_seen: int) -> dict:
 
 
 def _judge(reward_cfg):
-  url = getattr(reward_cfg, "judge_url", "") or ""
-  if not url:
-    return None
-  from rlrag_jax.judge import OpenAIJudge
-  return OpenAIJudge(url, reward_cfg.judge_model)
+  return judge_lib.from_config(reward_cfg, prompt=SearchTask.judge_prompt)
 
 
 def _corpus(config, sel) -> list:
