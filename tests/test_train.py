@@ -106,3 +106,26 @@ def test_stage_iterators_build_only_the_stages_that_run():
   config.sft.steps, config.rl.steps, config.rl.prompts_per_step = 0, 1, 6
   with pytest.raises(ValueError, match=r"rl stage: 5 .*'rl.prompts_per_step' = 6"):
     trainer.stage_iterators(items, config)
+
+
+def test_dynamic_sampling_keeps_groups_by_the_configured_key():
+  """Groups with no spread in `rl.dynamic_sampling_key` are dropped and refilled."""
+  import types
+  config = arena.get_config("")
+  config.rl.group_size, config.rl.prompts_per_step = 2, 2
+  config.rl.dynamic_sampling, config.rl.dynamic_max_tries = True, 3
+  # Draw 1: group A has a spread in 'total' but not in 'correct'; group B in both.
+  task = types.SimpleNamespace(reward=lambda ep, step: {"total": ep[1], "correct": ep[2]})
+  import itertools
+  rl_iter = itertools.repeat(["x", "y"])
+  for key_name, want in (("total", ["A", "A", "B", "B"]), ("correct", ["B", "B", "C", "C"])):
+    draws = iter([[("A", 1.0, 0.0), ("A", 2.0, 0.0), ("B", 1.0, 1.0), ("B", 0.0, 0.0)],
+                  [("C", 1.0, 1.0), ("C", 1.0, 0.0), ("D", 0.0, 0.0), ("D", 0.0, 0.0)]])
+    task.rollout = lambda policy, exs, key, group_size, d=draws: next(d)
+    config.rl.dynamic_sampling_key = key_name
+    eps, _, fill = trainer._collect(task, None, rl_iter, jax.random.PRNGKey(0), config, 1)
+    assert [e[0] for e in eps] == want, key_name
+  config.rl.dynamic_sampling_key = "accuracy"
+  task.rollout = lambda policy, exs, key, group_size: [("A", 1.0, 0.0)] * 4
+  with pytest.raises(ValueError, match="'rl.dynamic_sampling_key' is 'accuracy'"):
+    trainer._collect(task, None, rl_iter, jax.random.PRNGKey(0), config, 1)

@@ -7,7 +7,9 @@ Every loader reads its JSONL file line by line and turns each record into one `s
   musique    context ids = str(paragraph idx); gold_ids from `is_supporting`; decomposition steps
              keep their '#k' references; hops from the id prefix ('3hop1' -> 3).
   bamboogle  `Question`, `Answer`; no contexts; hops = 2.
-  flashrag   `id`, `question`, `golden_answers` (nq, triviaqa, ...); no contexts; hops = 1.
+  flashrag   `id`, `question`, `golden_answers` (nq, triviaqa, popqa, ...); no contexts;
+             hops = 1. PopQA's own release (`id`, `question`, `possible_answers` as a JSON
+             string or list) reads the same way.
   world      the embedded synthetic world (`rlrag_jax.data.world.build(seed=0)`).
 
 Sentences are stripped; `Context.text` joins the non-empty ones with a space.
@@ -56,7 +58,7 @@ _DEFAULT_SPLIT = {"hotpotqa": "dev", "2wiki": "dev", "musique": "dev", "bamboogl
                   "flashrag": "test", "world": "dev"}
 # Other spellings accepted for `name`; nq/triviaqa are FlashRAG subsets under data_dir().
 _ALIASES = {"2wikimultihopqa": "2wiki", "hotpot": "hotpotqa", "hotpot_qa": "hotpotqa"}
-FLASHRAG_SUBSETS = ("nq", "triviaqa")
+FLASHRAG_SUBSETS = ("nq", "triviaqa", "popqa")
 CORPORA = {
     "2wiki": "corpus/2wikimultihopqa_hipporag_corpus.jsonl",
     "2wikimultihopqa_hipporag": "corpus/2wikimultihopqa_hipporag_corpus.jsonl",
@@ -305,11 +307,25 @@ def _parse_bamboogle(rec: dict, where: _Where) -> Example:
 
 def _flashrag_parser(source: str) -> Callable[[dict, _Where], Example]:
   def parse(rec: dict, where: _Where) -> Example:
-    qid = _get(rec, "id", str, where)
+    qid = str(_get(rec, "id", (str, int), where))
     question = _get(rec, "question", str, where)
-    answers = _str_list(_get(rec, "golden_answers", list, where), where, "golden_answers")
+    field = "golden_answers"
+    if field not in rec and "possible_answers" in rec:     # PopQA's own release
+      field = "possible_answers"
+      raw = _get(rec, field, (str, list), where)
+      if isinstance(raw, str):
+        try:
+          raw = json.loads(raw)
+        except ValueError:
+          raise where.error(field, f"expected a JSON list of strings, found {raw[:60]!r}") \
+              from None
+        if not isinstance(raw, list):
+          raise where.error(field, f"expected a JSON list of strings, found {type(raw).__name__}")
+      answers = _str_list(raw, where, field)
+    else:
+      answers = _str_list(_get(rec, field, list, where), where, field)
     if not answers:
-      raise where.error("golden_answers", "expected at least one answer, found an empty list")
+      raise where.error(field, "expected at least one answer, found an empty list")
     meta = {"metadata": rec["metadata"]} if isinstance(rec.get("metadata"), dict) else {}
     return Example(id=qid, question=question, answers=_dedupe(answers), hops=1, source=source,
                    meta=meta)

@@ -439,3 +439,23 @@ def test_corpus_malformed(tmp_path):
   records, report = load_corpus(path, skip_invalid=True, return_report=True)
   assert [(r.id, r.title) for r in records] == [("0", "A"), ("3", "C")]
   assert report.num_skipped == 2 and f"{path}:3: field 'contents'" in report.errors[1]
+
+
+def test_popqa_both_layouts(tmp_path):
+  """PopQA as FlashRAG ships it (golden_answers) and as its own release (possible_answers, a
+  JSON string); a malformed answer list names the file, line and field."""
+  import json as _json
+  d = tmp_path / "popqa"
+  d.mkdir()
+  (d / "test.jsonl").write_text(
+      _json.dumps({"id": "p1", "question": "Who wrote X?", "golden_answers": ["Ann", "A. B."]})
+      + "\n" + _json.dumps({"id": 7, "question": "What is Y's capital?",
+                            "possible_answers": "[\"Oslo\", \"Christiania\"]"}) + "\n")
+  exs = load_dataset("flashrag", path=d / "test.jsonl")
+  assert [(e.id, e.answers, e.hops) for e in exs] == [("p1", ["Ann", "A. B."], 1),
+                                                      ("7", ["Oslo", "Christiania"], 1)]
+  assert [e.question for e in load_dataset("popqa", path=d)] == [e.question for e in exs]
+  (d / "bad.jsonl").write_text(_json.dumps({"id": "p", "question": "q",
+                                            "possible_answers": "Oslo"}) + "\n")
+  with pytest.raises(Exception, match=r"bad.jsonl.*1.*possible_answers"):
+    load_dataset("flashrag", path=d / "bad.jsonl")
