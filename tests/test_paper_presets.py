@@ -64,7 +64,7 @@ def search_paper(ckpt, workdir):
   c.retrieval.corpus = ""                                # the examples' own contexts
   c.retrieval.backend = "exact"
   c.tool.top_k, c.tool.max_turns, c.tool.max_obs_tokens = 1, 2, 48
-  c.tool.max_total_len, c.tool.min_batch, c.tool.context_bucket = 1024, 2, 64
+  c.tool.max_total_len, c.tool.min_batch, c.tool.context_bucket = 2200, 2, 64  # B.4 prompt: ~1.9k bytes
   c.rl.max_new_tokens = 8
   c.eval.max_new_tokens = 8
   c.eval.baselines = False
@@ -83,7 +83,7 @@ def _questions(examples):
 def test_paper_preset_trains_resumes_evaluates_and_exports(name, tmp_path):
   torch = pytest.importorskip("torch")
   make, arch = PRESETS[name]
-  ckpt = make_tiny_checkpoint(tmp_path, arch, max_position_embeddings=2048)
+  ckpt = make_tiny_checkpoint(tmp_path, arch, max_position_embeddings=4096)
   c = make(ckpt, tmp_path / "run")
   from rlrag_jax.tasks import get_task
   task = get_task(c.method, c)
@@ -111,7 +111,7 @@ def test_paper_preset_trains_resumes_evaluates_and_exports(name, tmp_path):
 def test_paper_preset_rl_step_moves_params_under_a_varying_reward(name, arch, tmp_path,
                                                                   monkeypatch):
   make = PRESETS[name][0]
-  ckpt = make_tiny_checkpoint(tmp_path, arch, max_position_embeddings=2048)
+  ckpt = make_tiny_checkpoint(tmp_path, arch, max_position_embeddings=4096)
   c = make(ckpt, tmp_path / "run")
   c.rl.steps, c.checkpoint.every, c.export_hf = 1, 0, False
   lr = c.rl.lr
@@ -119,9 +119,11 @@ def test_paper_preset_rl_step_moves_params_under_a_varying_reward(name, arch, tm
 
   def stub_task(method, config):
     task = real_get_task(method, config)
-    # Varies within every group: the completion's token count and its last token's parity.
-    task.reward = lambda ep, step: {"total": float(len(ep.completion_ids) % 3
-                                                   + (list(ep.completion_ids) or [0])[-1] % 2)}
+    # Varies within every group of distinct completions: a deterministic hash of the tokens.
+    def reward(ep, step):
+      total = float(hash(tuple(ep.completion_ids)) % 997)
+      return {"total": total, "correct": total % 2}     # 'correct': search's sampling key
+    task.reward = reward
     task.report = lambda *a, **k: None          # the method's report reads real reward keys
     return task
 
