@@ -375,6 +375,10 @@ def _report(workdir, rlog, before, after, seconds):
        "after_by_hops": {k: v for k, v in after.items() if k.startswith("hops=")},
        "after_by_dataset": {k: v for k, v in after.items() if k.startswith("dataset=")},
        "minutes": seconds / 60}, indent=2))
+  # Per-example results (for paired comparisons across runs, e.g. experiments.seeds).
+  slim = lambda rows: [{k: v for k, v in r.items() if k != "completion"} for r in rows]
+  (workdir / "eval_rows.json").write_text(json.dumps(
+      {"before": slim(before["rows"]) if before else [], "after": slim(after["rows"])}))
   rl_rows = rlog.rows("rl")
   reward_keys = sorted({k for r in rl_rows for k in r if k.startswith("reward/")},
                        key=lambda k: (k != "reward/total", k))

@@ -64,8 +64,12 @@ def test_run_writes_report_and_exports_a_transformers_checkpoint(tmp_path):
   work = tmp_path / "run"
   res = trainer.run(tiny_config(work), progress=False)
   for name in ("metrics.jsonl", "eval_table.txt", "eval_summary.json", "rl_curves.png",
-               "sft_curves.png"):
+               "sft_curves.png", "eval_rows.json"):
     assert (work / name).exists(), name
+  per_example = json.loads((work / "eval_rows.json").read_text())
+  assert len(per_example["before"]) == len(per_example["after"]) == res.after["all"]["n"]
+  assert {r["id"] for r in per_example["before"]} == {r["id"] for r in per_example["after"]}
+  assert all("em" in r and "completion" not in r for r in per_example["after"])
   assert list((work / "tb").iterdir()), "no TensorBoard event file"
   stages = {r["stage"] for r in _rows(work)}
   assert {"sft", "rl", "eval_before", "eval_after"} <= stages

@@ -1,0 +1,285 @@
+"""One config over several seeds: mean ± std, the RL gain with a paired bootstrap interval, plots.
+
+  python -m rlrag_jax.experiments.seeds --config=configs/arena.py --seeds=0,1,2 --out=DIR \\
+      [--parallel=N] [--resamples=2000] [--config.rl.steps=80 ...]
+  python -m rlrag_jax.experiments.seeds --config=configs/arena.py --seeds=0,1,2 --out=DIR \\
+      --arm k2=--config.rl.kl_estimator=k2 --arm k3=--config.rl.kl_estimator=k3
+
+Each (arm, seed) is one `python -m rlrag_jax.train` process with `--config.seed=S` and its own
+workdir `DIR/<arm>/seed_<S>` (arm 'main' without --arm); every other `--config.…` flag is passed
+through to all of them, an arm's FLAGS (space-separated) to that arm's only. Up to `--parallel`
+processes run at once (default 1: on a 2-core machine two trainings just share the cores).
+Resumable: a run whose `eval_summary.json` and `eval_rows.json` exist is not rerun, and a killed
+run resumes from its checkpoints (`--resume`).
+
+Outputs:
+  DIR/seeds.json  per arm and seed: warm-up (before RL) and after-RL metrics, wall minutes,
+                  per-example correctness (the trainer's eval_rows.json), and the summary below;
+  DIR/seeds.md    per metric: warm-up and after-RL mean ± std over seeds, the gain (after - before)
+                  with its std over seeds, and a paired bootstrap 95% interval of the mean gain
+                  over the held-out examples pooled across seeds (each (seed, example) pair is
+                  one unit; resampled with replacement `--resamples` times). With two arms, also
+                  the after-RL difference B - A, paired on (seed, example);
+  DIR/seeds.png   each metric's curve over training steps per seed (thin), the mean bold.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import pathlib
+import shlex
+import subprocess
+import sys
+import time
+from typing import Optional, Sequence
+
+import numpy as np
+
+METRICS = ("em", "f1", "format", "relevance", "accuracy", "rc", "reward")
+
+
+# ------------------------------------------------------------------------------- statistics
+def paired_bootstrap(diffs: Sequence[float], resamples: int = 2000, seed: int = 0,
+                     level: float = 0.95) -> tuple:
+  """(mean, low, high): the mean of paired differences and its percentile bootstrap interval."""
+  d = np.asarray(diffs, np.float64)
+  if d.size == 0:
+    return float("nan"), float("nan"), float("nan")
+  rng = np.random.default_rng(seed)
+  idx = rng.integers(0, d.size, size=(resamples, d.size))
+  means = d[idx].mean(axis=1)
+  tail = (1 - level) / 2 * 100
+  return float(d.mean()), float(np.percentile(means, tail)), float(np.percentile(means,
+                                                                                100 - tail))
+
+
+def mean_std(values: Sequence[float]) -> tuple:
+  """(mean, sample std with ddof=1; 0 for one value)."""
+  v = np.asarray(values, np.float64)
+  return float(v.mean()), float(v.std(ddof=1)) if v.size > 1 else 0.0
+
+
+def pair_rows(rows_a: Sequence[dict], rows_b: Sequence[dict], metric: str) -> list:
+  """b - a per example id present in both (the same held-out example under two runs)."""
+  a = {r["id"]: r[metric] for r in rows_a if metric in r}
+  return [float(r[metric]) - float(a[r["id"]]) for r in rows_b if metric in r and r["id"] in a]
+
+
+# ------------------------------------------------------------------------------- runs
+def run_dir(out: pathlib.Path, arm: str, seed: int) -> pathlib.Path:
+  return out / arm / f"seed_{seed}"
+
+
+def is_done(workdir: pathlib.Path) -> bool:
+  return (workdir / "eval_summary.json").exists() and (workdir / "eval_rows.json").exists()
+
+
+def train_command(config: str, seed: int, workdir: pathlib.Path, flags: Sequence[str]) -> list:
+  return [sys.executable, "-m", "rlrag_jax.train", f"--config={config}",
+          f"--config.seed={seed}", f"--config.workdir={workdir}", "--quiet", "--resume",
+          *flags]
+
+
+def run_all(jobs: list, parallel: int = 1, runner=None) -> list:
+  """Runs (arm, seed, workdir, command) jobs not yet done; returns [(arm, seed, rc, minutes)].
+  `runner(command, log_path) -> returncode` defaults to a subprocess."""
+  def default_runner(cmd, log_path):
+    with open(log_path, "w") as log:
+      return subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT)
+  runner = runner or default_runner
+  todo = [j for j in jobs if not is_done(j[2])]
+  for arm, seed, wd, _ in jobs:
+    if is_done(wd):
+      print(f"seeds: {arm} seed {seed}: done already ({wd})")
+
+  def one(job):
+    arm, seed, wd, cmd = job
+    wd.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    print(f"seeds: {arm} seed {seed}: {shlex.join(cmd)}", flush=True)
+    rc = runner(cmd, wd / "train.log")
+    minutes = (time.time() - t0) / 60
+    print(f"seeds: {arm} seed {seed}: exit {rc} after {minutes:.1f} min", flush=True)
+    return arm, seed, rc, minutes
+  with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
+    return list(pool.map(one, todo))
+
+
+# ------------------------------------------------------------------------------- summary
+def load_run(workdir: pathlib.Path) -> dict:
+  summary = json.loads((workdir / "eval_summary.json").read_text())
+  rows = json.loads((workdir / "eval_rows.json").read_text())
+  return {"before": summary.get("before"), "after": summary["after"],
+          "minutes": summary.get("minutes"), "rows": rows}
+
+
+def summarise(runs: dict, resamples: int = 2000) -> dict:
+  """runs: {arm: {seed: load_run(...)}} -> per arm and metric the statistics of seeds.md."""
+  out = {"arms": {}, "comparison": {}}
+  for arm, by_seed in runs.items():
+    seeds = sorted(by_seed)
+    stats = {}
+    for m in METRICS:
+      have = [s for s in seeds if m in (by_seed[s]["after"] or {})]
+      if not have:
+        continue
+      after = [by_seed[s]["after"][m] for s in have]
+      entry = {"after": mean_std(after), "after_per_seed": after}
+      with_before = [s for s in have if by_seed[s]["before"] and m in by_seed[s]["before"]]
+      if with_before:
+        before = [by_seed[s]["before"][m] for s in with_before]
+        gains = [by_seed[s]["after"][m] - by_seed[s]["before"][m] for s in with_before]
+        diffs = [d for s in with_before for d in pair_rows(by_seed[s]["rows"]["before"],
+                                                           by_seed[s]["rows"]["after"], m)]
+        entry.update(before=mean_std(before), before_per_seed=before, gain=mean_std(gains),
+                     gain_per_seed=gains, gain_ci=paired_bootstrap(diffs, resamples),
+                     gain_all_seeds_positive=bool(all(g > 0 for g in gains)),
+                     paired_examples=len(diffs))
+      stats[m] = entry
+    minutes = [by_seed[s]["minutes"] for s in seeds if by_seed[s].get("minutes") is not None]
+    out["arms"][arm] = {"seeds": seeds, "metrics": stats,
+                        "minutes": mean_std(minutes) if minutes else None}
+  arms = list(runs)
+  if len(arms) == 2:
+    a, b = arms
+    common = sorted(set(runs[a]) & set(runs[b]))
+    for m in METRICS:
+      diffs = [d for s in common for d in pair_rows(runs[a][s]["rows"]["after"],
+                                                    runs[b][s]["rows"]["after"], m)]
+      per_seed = [runs[b][s]["after"][m] - runs[a][s]["after"][m] for s in common
+                  if m in runs[a][s]["after"] and m in runs[b][s]["after"]]
+      if per_seed:
+        out["comparison"][m] = {"arms": [a, b], "diff": mean_std(per_seed),
+                                "diff_per_seed": per_seed,
+                                "diff_ci": paired_bootstrap(diffs, resamples)}
+  return out
+
+
+def _pm(ms) -> str:
+  return f"{ms[0]:.3f} ± {ms[1]:.3f}"
+
+
+def write_markdown(summary: dict, path: pathlib.Path, title: str) -> str:
+  lines = [f"# {title}", ""]
+  for arm, st in summary["arms"].items():
+    lines += [f"## {arm}: seeds {', '.join(map(str, st['seeds']))}"
+              + (f"; {_pm(st['minutes'])} min per seed" if st["minutes"] else ""), "",
+              "| metric | warm-up (before RL) | after RL | gain (after - before) | "
+              "paired bootstrap 95% CI of the gain | gain > 0 on every seed |",
+              "|---|---|---|---|---|---|"]
+    for m, e in st["metrics"].items():
+      if "gain" in e:
+        ci = e["gain_ci"]
+        lines.append(f"| {m} | {_pm(e['before'])} | {_pm(e['after'])} | {_pm(e['gain'])} | "
+                     f"[{ci[1]:+.3f}, {ci[2]:+.3f}] ({e['paired_examples']} pairs) | "
+                     f"{'yes' if e['gain_all_seeds_positive'] else 'no'} |")
+      else:
+        lines.append(f"| {m} | – | {_pm(e['after'])} | – | – | – |")
+    lines.append("")
+  if summary["comparison"]:
+    a, b = next(iter(summary["comparison"].values()))["arms"]
+    lines += [f"## {b} - {a} (after RL, paired on seed and example)", "",
+              "| metric | difference, mean ± std over seeds | paired bootstrap 95% CI |",
+              "|---|---|---|"]
+    for m, e in summary["comparison"].items():
+      ci = e["diff_ci"]
+      lines.append(f"| {m} | {_pm(e['diff'])} | [{ci[1]:+.3f}, {ci[2]:+.3f}] |")
+    lines.append("")
+  text = "\n".join(lines)
+  path.write_text(text)
+  return text
+
+
+def plot_curves(workdirs: dict, path: pathlib.Path, metrics=("em", "f1", "format", "relevance",
+                                                              "reward/total")) -> None:
+  """Per metric, one thin line per (arm, seed) over steps and the arm's mean in bold."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  fig, axes = plt.subplots(1, len(metrics), figsize=(4.2 * len(metrics), 3.4))
+  colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+  for ax, m in zip(np.atleast_1d(axes), metrics):
+    for k, (arm, by_seed) in enumerate(workdirs.items()):
+      curves = []
+      for seed, wd in sorted(by_seed.items()):
+        xs, ys = _curve(wd, m)
+        if xs:
+          ax.plot(xs, ys, color=colours[k % len(colours)], lw=0.8, alpha=0.45)
+          curves.append(dict(zip(xs, ys)))
+      if curves:
+        steps = sorted(set.intersection(*[set(c) for c in curves]))
+        ax.plot(steps, [np.mean([c[s] for c in curves]) for s in steps],
+                color=colours[k % len(colours)], lw=2.4, label=f"{arm} (mean)")
+    ax.set_title(m)
+    ax.set_xlabel("step")
+  np.atleast_1d(axes)[0].legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+
+
+def _curve(workdir: pathlib.Path, metric: str) -> tuple:
+  """(steps, values): training rows for 'reward/…' metrics, else the eval points."""
+  p = workdir / "metrics.jsonl"
+  if not p.exists():
+    return [], []
+  rows = [json.loads(l) for l in p.read_text().splitlines() if l.strip()]
+  stages = ("rl",) if metric.startswith("reward/") else ("eval_before", "eval", "eval_after")
+  pts = [(r["step"], r[metric]) for r in rows if r.get("stage") in stages and metric in r]
+  return [s for s, _ in pts], [v for _, v in pts]
+
+
+# ------------------------------------------------------------------------------- CLI
+def main(argv: Optional[Sequence[str]] = None) -> int:
+  import argparse
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument("--config", required=True)
+  parser.add_argument("--seeds", default="0,1,2")
+  parser.add_argument("--out", required=True)
+  parser.add_argument("--parallel", type=int, default=1)
+  parser.add_argument("--resamples", type=int, default=2000)
+  parser.add_argument("--arm", action="append", default=[],
+                      help="NAME=FLAGS: a comparison arm (give two); FLAGS are train flags")
+  args, passthrough = parser.parse_known_args(argv)
+  bad = [f for f in passthrough if not f.startswith("--config.")]
+  if bad:
+    parser.error(f"unrecognised arguments {bad}: only --config.<key>=<value> overrides pass "
+                 "through to the training runs")
+  try:
+    seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+  except ValueError:
+    parser.error(f"--seeds={args.seeds!r}: expected comma-separated integers")
+  arms = {"main": []}
+  if args.arm:
+    arms = {}
+    for spec in args.arm:
+      name, sep, flags = spec.partition("=")
+      if not sep or not name:
+        parser.error(f"--arm {spec!r}: expected NAME=FLAGS")
+      arms[name] = shlex.split(flags)
+  out = pathlib.Path(args.out)
+  out.mkdir(parents=True, exist_ok=True)
+  jobs = [(arm, s, run_dir(out, arm, s),
+           train_command(args.config, s, run_dir(out, arm, s), list(passthrough) + extra))
+          for arm, extra in arms.items() for s in seeds]
+  results = run_all(jobs, args.parallel)
+  failed = [(a, s, rc) for a, s, rc, _ in results if rc != 0]
+  for a, s, rc in failed:
+    print(f"seeds: {a} seed {s} failed (exit {rc}); see {run_dir(out, a, s) / 'train.log'}",
+          file=sys.stderr)
+  runs = {arm: {s: load_run(run_dir(out, arm, s)) for s in seeds if is_done(run_dir(out, arm, s))}
+          for arm in arms}
+  summary = summarise(runs, args.resamples)
+  (out / "seeds.json").write_text(json.dumps(
+      {"config": args.config, "overrides": passthrough, "arms": {a: f for a, f in arms.items()},
+       "seeds": seeds, "runs": {a: {str(s): r for s, r in by.items()} for a, by in runs.items()},
+       "summary": summary}, indent=1))
+  print(write_markdown(summary, out / "seeds.md",
+                       f"{args.config} over seeds {args.seeds}"
+                       + (f" ({' '.join(passthrough)})" if passthrough else "")))
+  plot_curves({a: {s: run_dir(out, a, s) for s in seeds} for a in arms}, out / "seeds.png")
+  return 1 if failed else 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,91 @@
+"""experiments.seeds: statistics against hand computations, resumable runs, outputs (with a fake
+training runner: no real training here; the trainer's eval_rows.json is covered in test_train)."""
+import json
+
+import numpy as np
+import pytest
+
+from rlrag_jax.experiments import seeds
+
+
+def test_paired_bootstrap_against_a_direct_computation():
+  d = [0.0, 1.0, 1.0, 0.0, 1.0, -1.0]
+  mean, lo, hi = seeds.paired_bootstrap(d, resamples=500, seed=3)
+  rng = np.random.default_rng(3)
+  idx = rng.integers(0, 6, size=(500, 6))
+  means = np.asarray(d)[idx].mean(axis=1)
+  assert mean == pytest.approx(1 / 3)
+  assert (lo, hi) == pytest.approx((np.percentile(means, 2.5), np.percentile(means, 97.5)))
+  assert seeds.paired_bootstrap([0.5] * 10) == pytest.approx((0.5, 0.5, 0.5))
+  assert np.isnan(seeds.paired_bootstrap([])[0])
+  assert seeds.mean_std([1.0, 2.0, 4.0]) == pytest.approx((7 / 3, np.std([1, 2, 4], ddof=1)))
+  assert seeds.mean_std([2.0]) == (2.0, 0.0)
+
+
+def _rows(ems):
+  return [{"id": f"q{i}", "em": float(e)} for i, e in enumerate(ems)]
+
+
+def _fake_run(workdir, before_ems, after_ems, minutes=1.0):
+  workdir.mkdir(parents=True, exist_ok=True)
+  (workdir / "eval_summary.json").write_text(json.dumps({
+      "before": {"em": float(np.mean(before_ems))}, "after": {"em": float(np.mean(after_ems))},
+      "minutes": minutes}))
+  (workdir / "eval_rows.json").write_text(json.dumps(
+      {"before": _rows(before_ems), "after": _rows(after_ems)}))
+  rows = [{"step": 0, "stage": "eval_before", "em": float(np.mean(before_ems))},
+          {"step": 1, "stage": "rl", "reward/total": 1.0},
+          {"step": 2, "stage": "eval_after", "em": float(np.mean(after_ems))}]
+  (workdir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_summary_by_hand(tmp_path):
+  runs = {}
+  data = {0: ([0, 0, 1, 1], [1, 0, 1, 1]), 1: ([0, 1, 1, 1], [1, 1, 1, 1]),
+          2: ([0, 0, 0, 1], [0, 0, 1, 1])}
+  for s, (b, a) in data.items():
+    _fake_run(tmp_path / f"s{s}", b, a, minutes=2.0 + s)
+  runs = {"main": {s: seeds.load_run(tmp_path / f"s{s}") for s in data}}
+  st = seeds.summarise(runs, resamples=200)["arms"]["main"]
+  em = st["metrics"]["em"]
+  assert em["before_per_seed"] == [0.5, 0.75, 0.25] and em["after_per_seed"] == [0.75, 1.0, 0.5]
+  assert em["gain"] == pytest.approx((0.25, 0.0))
+  assert em["gain_all_seeds_positive"] and em["paired_examples"] == 12
+  assert em["gain_ci"][0] == pytest.approx(3 / 12)        # pooled mean of the 12 paired diffs
+  assert st["minutes"] == pytest.approx((3.0, 1.0))
+  text = seeds.write_markdown(seeds.summarise(runs, 200), tmp_path / "s.md", "t")
+  assert "| em | 0.500 ± 0.250 | 0.750 ± 0.250 | 0.250 ± 0.000 |" in text
+
+
+def test_cli_resumes_compares_arms_and_writes_outputs(tmp_path, monkeypatch):
+  calls = []
+
+  def fake_runner(cmd, log_path):
+    calls.append(cmd)
+    wd = log_path.parent
+    seed = int(next(a for a in cmd if a.startswith("--config.seed=")).split("=")[1])
+    better = "--config.rl.steps=9" in cmd
+    after = [1, 1, seed % 2, 0] if better else [1, 0, seed % 2, 0]
+    _fake_run(wd, [0, 0, seed % 2, 0], after)
+    return 0
+
+  real_run_all = seeds.run_all
+  monkeypatch.setattr(seeds, "run_all", lambda jobs, parallel: real_run_all(
+      jobs, parallel, runner=fake_runner))
+  out = tmp_path / "cmp"
+  argv = ["--config=configs/arena.py", "--seeds=0,1", f"--out={out}", "--resamples=100",
+          "--config.rl.lr=0.001", "--arm", "a=", "--arm", "b=--config.rl.steps=9"]
+  assert seeds.main(argv) == 0
+  assert len(calls) == 4
+  assert all("--config.rl.lr=0.001" in c and "--resume" in c for c in calls)
+  assert sum("--config.rl.steps=9" in c for c in calls) == 2
+  res = json.loads((out / "seeds.json").read_text())
+  cmp_em = res["summary"]["comparison"]["em"]
+  assert cmp_em["arms"] == ["a", "b"] and cmp_em["diff_per_seed"] == [0.25, 0.25]
+  assert cmp_em["diff_ci"][0] == pytest.approx(0.25)
+  md = (out / "seeds.md").read_text()
+  assert "## b - a (after RL, paired on seed and example)" in md
+  assert (out / "seeds.png").stat().st_size > 1000
+  assert seeds.main(argv) == 0 and len(calls) == 4         # resumed: nothing rerun
+  with pytest.raises(SystemExit):
+    seeds.main(["--config=x", f"--out={out}", "--bogus=1"])
