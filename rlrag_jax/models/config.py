@@ -1,7 +1,7 @@
 """Decoder configuration shared by the Flax modules, the HF converter and the sampler.
 
 `ModelConfig` is a frozen dataclass so it can be a static argument of `jax.jit`.
-It reads both layouts that published Llama/Qwen2 checkpoints use for RoPE:
+It reads both layouts that published Llama/Qwen2/Qwen3 checkpoints use for RoPE:
 `rope_theta` + `rope_scaling` at the top level, and the newer `rope_parameters`.
 """
 from __future__ import annotations
@@ -16,6 +16,7 @@ import jax.numpy as jnp
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+_QWEN3_DEFAULT_HEAD_DIM = 128            # transformers.Qwen3Config(head_dim=128)
 
 
 def dtype_of(name_or_dtype) -> Any:
@@ -52,7 +53,7 @@ class RopeScaling:
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-  """Shape and numerics of a Llama/Qwen2-family decoder."""
+  """Shape and numerics of a Llama/Qwen2/Qwen3-family decoder."""
   vocab_size: int = 32000
   hidden_size: int = 256
   intermediate_size: int = 688
@@ -117,7 +118,11 @@ class ModelConfig:
     if act != "silu":
       raise ValueError(f"{source}: field 'hidden_act' is {act!r}; only 'silu' (SwiGLU) is supported")
     heads = int(d["num_attention_heads"])
-    head_dim = d.get("head_dim") or d["hidden_size"] // heads
+    head_dim = d.get("head_dim")
+    if head_dim is None:
+      # transformers' own defaults when config.json has no head_dim: Qwen3Config fixes it at
+      # 128 whatever hidden_size / heads is; Llama and Qwen2 divide.
+      head_dim = _QWEN3_DEFAULT_HEAD_DIM if mt == "qwen3" else d["hidden_size"] // heads
     rope_params = d.get("rope_parameters") or {}
     theta = d.get("rope_theta", rope_params.get("rope_theta", 10000.0))
     scaling = d.get("rope_scaling") or (rope_params if rope_params else None)

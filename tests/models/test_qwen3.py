@@ -78,3 +78,23 @@ def test_qwen3_sft_step_trains_every_param_and_exports(tmp_path):
     old = ref(input_ids=torch.tensor(ids, dtype=torch.long),
               attention_mask=torch.tensor(attn)).logits.numpy()
   assert float(np.max(np.abs(old - want)[valid])) > 1e-3
+
+
+def test_qwen3_config_without_head_dim_reads_as_transformers_does(tmp_path):
+  """Qwen3Config defaults head_dim to 128, not hidden_size / heads (here 64 / 4 = 16)."""
+  import json
+  path = make_tiny_checkpoint(tmp_path, "qwen3", head_dim=128)
+  cfg = json.loads((path / "config.json").read_text())
+  del cfg["head_dim"]
+  (path / "config.json").write_text(json.dumps(cfg))
+  ref = load_reference(path)
+  assert ref.config.head_dim == 128
+  lm = load_hf(path)
+  assert lm.config.head_dim == 128
+  batch = _sft_batch(lm.config.vocab_size)
+  ids, attn = batch["input_ids"], batch["attention_mask"]
+  with torch.no_grad():
+    want = ref(input_ids=torch.tensor(ids, dtype=torch.long),
+               attention_mask=torch.tensor(attn)).logits.numpy()
+  diff = np.abs(np.asarray(lm.logits(ids, attn)) - want)[attn.astype(bool)]
+  assert float(diff.max()) <= 1e-4
