@@ -1,4 +1,4 @@
-"""Decoder LMs (Llama/Qwen2 family), value heads, and Hugging Face interop."""
+"""Decoder LMs (Llama/Qwen2/Qwen3 family), value heads, and Hugging Face interop."""
 from rlrag_jax.models.config import ModelConfig, RopeScaling
 from rlrag_jax.models.decoder import (DecoderLM, ValueLM, init_cache, init_params, logical_axes,
                                       value_params_from_policy)

@@ -1,4 +1,4 @@
-"""Llama / Qwen2-family decoder in `flax.linen`, pure-functional over an explicit param pytree.
+"""Llama / Qwen2 / Qwen3-family decoder in `flax.linen`, pure-functional over an explicit param pytree.
 
 Param tree (mirrors the Hugging Face names so conversion is a table, see `hf_io.py`):
 
@@ -6,7 +6,10 @@ Param tree (mirrors the Hugging Face names so conversion is a table, see `hf_io.
   model/layers_{i}/input_layernorm/weight     [E]            ('norm',)
   model/layers_{i}/self_attn/q_proj/kernel    [E, H, D]      ('embed', 'heads', 'head_dim')
   model/layers_{i}/self_attn/{k,v}_proj/kernel[E, K, D]      ('embed', 'kv_heads', 'head_dim')
+  model/layers_{i}/self_attn/{q,k,v}_proj/bias [H|K, D]     (attention_bias: Qwen2; optional)
+  model/layers_{i}/self_attn/{q,k}_norm/weight [D]           ('head_dim',)  (Qwen3: before RoPE)
   model/layers_{i}/self_attn/o_proj/kernel    [H, D, E]      ('heads', 'head_dim', 'embed')
+  model/layers_{i}/self_attn/o_proj/bias      [E]            (o_proj_bias: Llama/Qwen3 bias)
   model/layers_{i}/post_attention_layernorm/weight
   model/layers_{i}/mlp/{gate,up}_proj/kernel  [E, F]         ('embed', 'mlp')
   model/layers_{i}/mlp/down_proj/kernel       [F, E]         ('mlp', 'embed')
