@@ -1,4 +1,4 @@
-"""Llama / Qwen2 / Qwen3-family decoder in `flax.linen`, pure-functional over an explicit param pytree.
+"""Llama / Qwen2 / Qwen3 decoder in `flax.linen`, pure-functional over an explicit param pytree.
 
 Param tree (mirrors the Hugging Face names so conversion is a table, see `hf_io.py`):
 

@@ -60,7 +60,7 @@ def encode_prompt(tokenizer, text_or_messages, use_chat_template: bool = True) -
 
 def load_hf(path, dtype=jnp.float32, shardings: Optional[Any] = None,
             progress: bool = False, param_dtype=None) -> LM:
-  """Loads a `transformers` Llama/Qwen2/Qwen3 checkpoint dir (config.json, *.safetensors, tokenizer).
+  """Loads a `transformers` Llama/Qwen2/Qwen3 checkpoint dir (config.json, safetensors, tokenizer).
 
   `dtype` is the compute dtype; the params are stored in `param_dtype` (default: `dtype`).
   Training wants float32 master params under bfloat16 compute: at lr 3e-6 an Adam step is far

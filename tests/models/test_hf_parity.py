@@ -1,4 +1,4 @@
-"""load_hf / save_hf against `transformers` (CPU torch) on tiny random Qwen2, Llama and Qwen3 checkpoints."""
+"""load_hf / save_hf against `transformers` (CPU torch) on tiny random Qwen2/Llama/Qwen3 models."""
 import json
 
 import jax
