@@ -367,7 +367,8 @@ def _report(workdir, rlog, before, after, seconds):
   hop_rows = [{"checkpoint": "after RL", "split": k, **v} for k, v in after.items()
               if k.startswith(("hops=", "dataset="))]
   if hop_rows:
-    table += "\n\n" + runlog.format_table(hop_rows, ["split"] + keys + ["n"], title="By hops and dataset")
+    table += "\n\n" + runlog.format_table(hop_rows, ["split"] + keys + ["n"],
+                                          title="By hops and dataset")
   table += f"\n\nwall time: {seconds / 60:.1f} min"
   (workdir / "eval_table.txt").write_text(table + "\n")
   (workdir / "eval_summary.json").write_text(json.dumps(

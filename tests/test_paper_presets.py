@@ -136,7 +136,7 @@ def test_paper_preset_rl_step_moves_params_under_a_varying_reward(name, arch, tm
 
   monkeypatch.setattr(trainer, "get_task", stub_task)
   monkeypatch.setattr(trainer.adv_lib, "group_advantages", recording_adv)
-  monkeypatch.setattr(trainer, "_evaluate", lambda *a, **k: {"all": {"n": 0}})
+  monkeypatch.setattr(trainer, "_evaluate", lambda *a, **k: {"all": {"n": 0}, "rows": []})
   res = trainer.run(c, progress=False)
   assert len(seen) == 1 and np.abs(seen[0]).max() > 0, seen
   start = load_hf(ckpt, param_dtype="float32").params
