@@ -61,7 +61,9 @@ def trainer_config(method: str, workdir: str) -> ml_collections.ConfigDict:
 
   c.sft = ml_collections.ConfigDict(dict(
       steps=0, batch_size=32, lr=3e-3, lr_schedule="cosine", warmup_ratio=0.05,
-      weight_decay=0.0, max_len=512, pack_bucket=64))
+      weight_decay=0.0, max_len=512, pack_bucket=64,
+      prompt_loss=0.0))    # > 0: that loss weight on prompt tokens too (LM training on the
+                           # passages, the only "pretraining" a from-scratch model gets)
 
   c.rl = ml_collections.ConfigDict(dict(
       algo="grpo", steps=0, prompts_per_step=8, group_size=8, temperature=1.0, top_k=0,

@@ -194,7 +194,7 @@ def run(config, *, resume: bool = False, progress: bool = True,
     masks = ([task.sft_loss_mask(ex) for ex in exs] if hasattr(task, "sft_loss_mask")
              else None)      # optional: 0 on target tokens the environment wrote
     batch = pack(prompts, targets, masks, pad_id=pad, max_len=config.sft.max_len,
-                 bucket=config.sft.pack_bucket)
+                 bucket=config.sft.pack_bucket, prompt_loss=config.sft.get("prompt_loss", 0.0))
     start = logits_start(batch["loss_mask"], config.sft.pack_bucket)
     state, m = steps.sft_step(state, sharding.shard_batch(batch, mesh), start)
     _log_step(rlog, step, "sft", m, config.log_every, bar)

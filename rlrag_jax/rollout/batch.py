@@ -24,13 +24,17 @@ def round_up(n: int, bucket: int) -> int:
 
 def pack(prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]],
          completion_loss_masks: Optional[Sequence[Sequence[int]]] = None, *, pad_id: int = 0,
-         bucket: int = 16, max_len: Optional[int] = None) -> dict:
+         bucket: int = 16, max_len: Optional[int] = None, prompt_loss: float = 0.0) -> dict:
   """Returns {input_ids, attention_mask, loss_mask} as int32 numpy arrays.
 
   `completion_loss_masks[i]` (same length as completions[i]) marks which completion tokens the
   policy wrote; default all. With `max_len`, prompts are truncated from the left and completions
-  from the right so that prompt + completion fits.
+  from the right so that prompt + completion fits. `prompt_loss` > 0 also puts that weight on
+  the prompt tokens after the first (language-model training on the prompt, for SFT of a
+  from-scratch model); loss_mask is then float32.
   """
+  if prompt_loss < 0:
+    raise ValueError(f"pack: prompt_loss must be >= 0, found {prompt_loss}")
   if len(prompts) != len(completions):
     raise ValueError(f"pack: {len(prompts)} prompts but {len(completions)} completions")
   prompts = [list(p) for p in prompts]
@@ -56,11 +60,13 @@ def pack(prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]],
   b = len(prompts)
   ids = np.full((b, total), pad_id, np.int32)
   attn = np.zeros((b, total), np.int32)
-  loss = np.zeros((b, total), np.int32)
+  loss = np.zeros((b, total), np.float32 if prompt_loss else np.int32)
   for i, (p, c, m) in enumerate(zip(prompts, completions, masks)):
     start = p_len - len(p)
     ids[i, start:p_len] = p
     attn[i, start:p_len] = 1
+    if prompt_loss:
+      loss[i, start + 1:p_len] = prompt_loss
     ids[i, p_len:p_len + len(c)] = c
     attn[i, p_len:p_len + len(c)] = 1
     loss[i, p_len:p_len + len(c)] = m

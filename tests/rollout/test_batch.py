@@ -19,6 +19,18 @@ def test_pack_layout_by_hand():
     pack([[1]], [[2, 3]], [[1]])
 
 
+def test_pack_prompt_loss_weights_the_prompt_after_its_first_token():
+  b = pack([[5, 6, 7], [8, 4]], [[1, 2], [3]], [[1, 1], [0]], pad_id=0, bucket=4,
+           prompt_loss=0.25)
+  # Nothing predicts a prompt's first token; completion weights are unchanged.
+  np.testing.assert_allclose(b["loss_mask"], [[0, .25, .25, 1, 1, 0, 0, 0],
+                                              [0, 0, .25, 0, 0, 0, 0, 0]])
+  assert b["loss_mask"].dtype == np.float32
+  assert pack([[5]], [[1]])["loss_mask"].dtype == np.int32
+  with pytest.raises(ValueError, match="prompt_loss must be >= 0"):
+    pack([[1]], [[2]], prompt_loss=-1.0)
+
+
 def test_logits_start_by_hand():
   m = np.zeros((2, 10), np.int32)
   m[0, 9] = 1
