@@ -86,7 +86,7 @@ def base_config() -> ml_collections.ConfigDict:
 def get_config(arg: str = ""):
   c = base_config()
   if arg in ("", "default", "cpu"):
-    c.data.world = ml_collections.ConfigDict(dict(seed=0))
+    c.data.world = config_base.world_config()
     c.data.max_contexts = 3
     c.data.prompt_style = "compact"     # a from-scratch model gains nothing from a fixed preamble
     c.data.analysis_style = "chain"     # short gold analyses: completions fit 64 new tokens

@@ -127,6 +127,16 @@ class CheckpointManager:
                     data_position=meta["data_position"], config=out["config"] or None,
                     meta=meta.get("extra", {}))
 
+  def read_meta(self, step: Optional[int] = None) -> dict:
+    """The extra meta fields saved with `step` (default: the latest), without the state: e.g.
+    the training stage, which decides the restore target's shape."""
+    self.wait()
+    step = self._mgr.latest_step() if step is None else step
+    if step is None:
+      raise FileNotFoundError(f"no checkpoint under {self.directory}")
+    out = self._mgr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
+    return out["meta"].get("extra", {})
+
   def restore_latest(self, target=None) -> Restored:
     return self.restore(target)
 

@@ -21,7 +21,8 @@ trainer (`rlrag_jax.trainer`) reads these sections for every method:
   distributed  jax.distributed.initialize arguments for multi-host runs.
   sft       warm-up: steps (0 = none), batch_size, lr, lr_schedule, warmup_ratio, weight_decay,
             max_len, pack_bucket (batch widths round up to it: fewer recompiles).
-  rl        algo, steps, prompts_per_step, group_size, sampling (temperature, top_k, top_p,
+  rl        algo ('grpo' | 'dr_grpo' | 'rloo': group advantages of the named estimator;
+            'ppo': a critic, see rl.ppo and rlrag_jax.training.learners), steps, prompts_per_step, group_size, sampling (temperature, top_k, top_p,
             max_new_tokens), optimiser (lr, lr_schedule cosine | linear | constant after the
             warmup, warmup_ratio, weight_decay, max_grad_norm), KL
             (kl_beta, kl_estimator k1 | k2 | k3), PPO clip (clip_eps_low / _high, dual_clip),
@@ -29,12 +30,27 @@ trainer (`rlrag_jax.trainer`) reads these sections for every method:
             adv_eps), mu (updates per batch), micro_batches, dynamic_sampling (+ max tries;
             dynamic_sampling_key: the reward entry whose spread within a group keeps it, e.g.
             'total' or 'correct' as DAPO does),
-            pack_bucket.
+            pack_bucket; ppo (algo 'ppo': critic 'separate' = a value LM started from the
+            policy's backbone, gamma, lam (GAE), vf_lr, vf_clip (0 = unclipped value loss),
+            whiten (advantages), mini_batches (per epoch; rl.mu epochs)).
   eval      every (RL steps; 0 = before and after RL only), num_examples, max_new_tokens,
             batch_size, optional OpenAI-compatible judge (judge_url, judge_model).
   checkpoint  every, keep;  log_every;  export_hf (an HF checkpoint of the final policy).
 """
 import ml_collections
+
+
+def world_config(**overrides) -> ml_collections.ConfigDict:
+  """`data.world`: the seed and every `world.WorldConfig` field at its default, so that any
+  size or mix can be set from the command line (--config.data.world.num_people=320)."""
+  import dataclasses
+  from rlrag_jax.data import world as world_lib
+  fields = {f.name: f.default for f in dataclasses.fields(world_lib.WorldConfig)}
+  unknown = set(overrides) - set(fields) - {"seed"}
+  if unknown:
+    raise ValueError(f"data.world: unknown keys {sorted(unknown)}; expected seed or one of "
+                     f"{sorted(fields)}")
+  return ml_collections.ConfigDict({"seed": 0, **fields, **overrides})
 
 
 def trainer_config(method: str, workdir: str) -> ml_collections.ConfigDict:
@@ -45,7 +61,7 @@ def trainer_config(method: str, workdir: str) -> ml_collections.ConfigDict:
   c.workdir = workdir
 
   c.data = ml_collections.ConfigDict(dict(
-      source="world", world=ml_collections.ConfigDict(dict(seed=0)), dir="", max_train=0,
+      source="world", world=world_config(), dir="", max_train=0,
       max_eval=200, prompt_style="paper", skip_invalid=False, allow_short=False,
       check_overlap=True))
 
@@ -71,7 +87,11 @@ def trainer_config(method: str, workdir: str) -> ml_collections.ConfigDict:
       weight_decay=0.0, max_grad_norm=1.0, kl_beta=0.04, kl_estimator="k3", clip_eps_low=0.2, clip_eps_high=0.2,
       dual_clip=0.0, aggregation="sequence_mean", scale_std=True, adv_eps=1e-4, mu=1,
       micro_batches=1, dynamic_sampling=False, dynamic_sampling_key="total",
-      dynamic_max_tries=3, pack_bucket=64))
+      dynamic_max_tries=3, pack_bucket=64,
+      # rl.algo == 'ppo' only: the critic and GAE (rlrag_jax.training.learners.PPOLearner)
+      ppo=ml_collections.ConfigDict(dict(
+          critic="separate", gamma=1.0, lam=0.95, vf_lr=1e-4, vf_clip=0.2, whiten=True,
+          mini_batches=1))))
 
   c.eval = ml_collections.ConfigDict(dict(every=0, num_examples=200, max_new_tokens=128,
                                           batch_size=64, judge_url="", judge_model=""))

@@ -24,9 +24,9 @@ import numpy as np
 from rlrag_jax import evaluation, runlog
 from rlrag_jax.data.pipeline import BatchIterator
 from rlrag_jax.models import DecoderLM, LM, ModelConfig, hf_io, init_params, load_hf, save_hf
-from rlrag_jax.rl import advantages as adv_lib
 from rlrag_jax.rl import dynamic_sampling
 from rlrag_jax.rollout.batch import logits_start, pack
+from rlrag_jax.training import learners
 from rlrag_jax.rollout.policy import Policy
 from rlrag_jax.tasks import get_task
 
@@ -80,7 +80,7 @@ class Steps:
         weight_decay=config.sft.weight_decay, max_grad_norm=1.0))
     self.rl_opt = ts.make_optimizer(ts.OptimizerConfig(
         lr=rl.lr, schedule=rl.lr_schedule, warmup_ratio=rl.warmup_ratio,
-        total_steps=max(rl_total * rl.mu, 2),
+        total_steps=max(rl_total * learners.updates_per_step(rl), 2),
         weight_decay=rl.weight_decay, max_grad_norm=rl.max_grad_norm))
     self.loss_cfg = ts.LossConfig(
         eps_low=rl.clip_eps_low, eps_high=rl.clip_eps_high, dual_clip=rl.dual_clip or None,
@@ -97,11 +97,14 @@ class Steps:
     opt = self.sft_opt if stage == "sft" else self.rl_opt
     return self.ts.create_train_state(self.module, opt, self.mesh, params=params)
 
-  def checkpoint_target(self):
-    """The saved pytree's abstract shape (with shardings), so restores land sharded."""
+  def checkpoint_target(self, critic=None):
+    """The saved pytree's abstract shape (with shardings), so restores land sharded; `critic`:
+    the learner's abstract critic state, for RL-stage checkpoints of a run with a critic."""
     target = {"train": self.ts.abstract_train_state(self.module, self.rl_opt, self.mesh)}
     if self.with_ref:
       target["ref"] = target["train"].params
+    if critic is not None:
+      target["critic"] = critic
     return target
 
 
@@ -140,6 +143,8 @@ def run(config, *, resume: bool = False, progress: bool = True,
   mesh = sharding.make_mesh(**dict(config.mesh))
   sft_total, rl_total = int(config.sft.steps), int(config.rl.steps)
   steps = Steps(config, model_cfg, mesh, sft_total, rl_total)
+  learner = learners.make_learner(config, steps, mesh, model_cfg,
+                                  tok.pad_token_id if tok.pad_token_id is not None else 0)
   ckpt = CheckpointManager(workdir / "checkpoints", max_to_keep=config.checkpoint.keep)
   rlog = runlog.RunLog(workdir)
   base_key = jax.random.PRNGKey(config.seed)
@@ -155,8 +160,11 @@ def run(config, *, resume: bool = False, progress: bool = True,
 
   # ---- resume
   step, stage, state, ref_params, before = 0, "sft" if sft_total > 0 else "rl", None, None, None
+  critic = None          # the learner's critic TrainState (PPO), made when RL starts
   if resume and ckpt.latest_step() is not None:
-    restored = ckpt.restore_latest(target=steps.checkpoint_target())
+    with_critic = learner.has_critic and ckpt.read_meta()["stage"] == "rl"
+    restored = ckpt.restore_latest(target=steps.checkpoint_target(
+        learner.abstract_critic() if with_critic else None))
     step, stage = restored.step, restored.meta["stage"]
     for it, name in ((sft_iter, "sft"), (rl_iter, "rl")):
       if it is not None and restored.data_position.get(name) is not None:
@@ -165,6 +173,7 @@ def run(config, *, resume: bool = False, progress: bool = True,
     state = restored.state["train"]
     if stage == "rl":
       ref_params = restored.state.get("ref")
+      critic = restored.state.get("critic")
     rlog.truncate_after(step)
     log.info("resumed from step %d (%s stage)", step, stage)
   elif resume:
@@ -177,6 +186,8 @@ def run(config, *, resume: bool = False, progress: bool = True,
     tree = {"train": state}
     if steps.with_ref:
       tree["ref"] = ref_params if ref_params is not None else state.params
+    if critic is not None:
+      tree["critic"] = critic
     ckpt.save(step_, tree, rng=base_key, config=config.to_json_best_effort(),
               data_position={"sft": sft_iter and sft_iter.state_dict(),
                              "rl": rl_iter and rl_iter.state_dict()},
@@ -214,6 +225,8 @@ def run(config, *, resume: bool = False, progress: bool = True,
     state = steps.new_state(state.params, "rl")
   if ref_params is None and steps.with_ref:
     ref_params = jax.tree_util.tree_map(jnp.copy, state.params)
+  if critic is None and learner.has_critic and rl_total > 0:
+    critic = learner.init_critic(state.params, jax.random.fold_in(base_key, 0))
   if before is None and rl_total > 0:
     before = _evaluate(task, eval_policy.with_params(state.params), eval_examples, config,
                        "before RL")
@@ -227,21 +240,8 @@ def run(config, *, resume: bool = False, progress: bool = True,
     episodes, scores, fill = _collect(task, policy.with_params(state.params), rl_iter, key,
                                       config, step)
     rollout_s = time.time() - t0
-    totals = np.array([s["total"] for s in scores], np.float32)
-    adv = np.asarray(adv_lib.group_advantages(jnp.asarray(totals), config.rl.group_size,
-                                              scale_std=config.rl.scale_std, eps=config.rl.adv_eps))
-    batch = pack([e.prompt_ids for e in episodes], [e.completion_ids for e in episodes],
-                 [e.loss_mask for e in episodes], pad_id=pad, bucket=config.rl.pack_bucket)
-    batch["advantages"] = adv.astype(np.float32)
-    start = logits_start(batch["loss_mask"], config.rl.pack_bucket)
-    batch = sharding.shard_batch(batch, mesh)
-    if config.rl.mu > 1:      # with one update per batch the step's own stop_gradient suffices
-      batch["old_logp"] = steps.logp(state.params, batch, start)
-    if steps.with_ref:
-      batch["ref_logp"] = steps.logp(ref_params, batch, start)
-    for _ in range(config.rl.mu):
-      state, m = steps.rl_step(state, batch, start)
-    m = {k: float(v) for k, v in m.items()}
+    state, critic, m = learner.update(state, critic, episodes, scores, ref_params,
+                                      jax.random.fold_in(key, 0))
     for comp in scores[0]:
       m[f"reward/{comp}"] = float(np.mean([s[comp] for s in scores]))
     m["completion_len"] = float(np.mean([sum(e.loss_mask) for e in episodes]))

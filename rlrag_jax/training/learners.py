@@ -1,0 +1,189 @@
+"""RL learners: one step's episodes and rewards -> policy (and critic) updates.
+
+`rl.algo` picks the learner:
+  'grpo' | 'dr_grpo' | 'rloo'   OutcomeLearner: one scalar reward per episode; advantages from its
+                                group by the estimator of that name in
+                                `rl.ADVANTAGE_ESTIMATORS` ('grpo' honours rl.scale_std and
+                                rl.adv_eps). DAPO is 'grpo' with DAPO's loss settings
+                                (asymmetric clip, token-level aggregation, dynamic sampling).
+  'ppo'                         PPOLearner: a critic (a separate value LM started from the
+                                policy's backbone), the outcome reward on each episode's last
+                                policy token, GAE(gamma, lambda) per token, optional advantage
+                                whitening, a clipped value loss with its own lr, rl.mu epochs of
+                                rl.ppo.mini_batches shuffled mini-batches.
+
+Both pack the episodes into one token batch, compute the sampling policy's log-probs when updates
+are more than one (mu > 1 or mini-batches), the reference log-probs when the KL term is on, and
+call the jitted, sharded update steps of `rl.train_step`.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rlrag_jax.models import ValueLM, value_params_from_policy
+from rlrag_jax.models import sharding
+from rlrag_jax.rl import advantages as adv_lib
+from rlrag_jax.rl import losses
+from rlrag_jax.rl import train_step as ts
+from rlrag_jax.rollout.batch import logits_start, pack
+
+OUTCOME_ALGOS = tuple(adv_lib.ADVANTAGE_ESTIMATORS)
+ALGOS = OUTCOME_ALGOS + ("ppo",)
+CRITICS = ("separate",)
+
+
+def check_algo(rl) -> str:
+  algo = rl.get("algo", "grpo")
+  if algo not in ALGOS:
+    raise ValueError(f"config key 'rl.algo' is {algo!r}; expected one of {ALGOS}")
+  return algo
+
+
+def updates_per_step(rl) -> int:
+  """Optimizer updates one RL step makes (for the lr schedule's length)."""
+  mini = int(rl.ppo.mini_batches) if check_algo(rl) == "ppo" else 1
+  return int(rl.mu) * mini
+
+
+def make_learner(config, steps, mesh, model_cfg, pad_id: int):
+  algo = check_algo(config.rl)
+  if algo == "ppo":
+    return PPOLearner(config, steps, mesh, model_cfg, pad_id)
+  return OutcomeLearner(config, steps, mesh, pad_id)
+
+
+class OutcomeLearner:
+  """GRPO-family update: group advantages of the episodes' total rewards."""
+  has_critic = False
+
+  def __init__(self, config, steps, mesh, pad_id: int):
+    self.rl, self.steps, self.mesh, self.pad = config.rl, steps, mesh, pad_id
+    algo = check_algo(config.rl)
+    if algo == "grpo":
+      self.estimate = lambda r, g: adv_lib.group_advantages(
+          r, g, scale_std=self.rl.scale_std, eps=self.rl.adv_eps)
+    else:
+      self.estimate = adv_lib.ADVANTAGE_ESTIMATORS[algo]
+
+  def init_critic(self, policy_params, key):
+    return None
+
+  def update(self, state, critic, episodes, scores, ref_params, key) -> tuple:
+    rl = self.rl
+    totals = np.array([s["total"] for s in scores], np.float32)
+    adv = np.asarray(self.estimate(jnp.asarray(totals), rl.group_size))
+    batch = pack([e.prompt_ids for e in episodes], [e.completion_ids for e in episodes],
+                 [e.loss_mask for e in episodes], pad_id=self.pad, bucket=rl.pack_bucket)
+    batch["advantages"] = adv.astype(np.float32)
+    start = logits_start(batch["loss_mask"], rl.pack_bucket)
+    batch = sharding.shard_batch(batch, self.mesh)
+    if rl.mu > 1:      # with one update per batch the step's own stop_gradient suffices
+      batch["old_logp"] = self.steps.logp(state.params, batch, start)
+    if self.steps.with_ref:
+      batch["ref_logp"] = self.steps.logp(ref_params, batch, start)
+    for _ in range(rl.mu):
+      state, m = self.steps.rl_step(state, batch, start)
+    return state, critic, {k: float(v) for k, v in m.items()}
+
+
+class PPOLearner:
+  """PPO with a critic: GAE advantages per token, clipped policy and value losses."""
+  has_critic = True
+
+  def __init__(self, config, steps, mesh, model_cfg, pad_id: int):
+    rl = config.rl
+    self.rl, self.ppo, self.steps, self.mesh, self.pad = rl, rl.ppo, steps, mesh, pad_id
+    if self.ppo.critic not in CRITICS:
+      raise ValueError(f"config key 'rl.ppo.critic' is {self.ppo.critic!r}; expected one of "
+                       f"{CRITICS} (a value head sharing the policy's backbone is not built yet)")
+    n = int(rl.prompts_per_step) * int(rl.group_size)
+    mini = int(self.ppo.mini_batches)
+    if mini < 1 or n % mini or (n // mini) % int(rl.micro_batches):
+      raise ValueError(
+          f"config key 'rl.ppo.mini_batches' = {mini}: it must divide the {n} episodes of a step "
+          f"(rl.prompts_per_step x rl.group_size) into mini-batches that 'rl.micro_batches' = "
+          f"{rl.micro_batches} divides")
+    self.module = ValueLM(model_cfg)
+    self.opt = ts.make_optimizer(ts.OptimizerConfig(
+        lr=self.ppo.vf_lr, schedule=rl.lr_schedule, warmup_ratio=rl.warmup_ratio,
+        total_steps=max(int(config.rl.steps) * updates_per_step(rl), 2),
+        weight_decay=rl.weight_decay, max_grad_norm=rl.max_grad_norm))
+    clip = float(self.ppo.vf_clip)
+    self.value_step = ts.make_value_step(
+        self.module, self.opt, mesh, clip_eps=clip if clip > 0 else None,
+        aggregation=rl.aggregation, max_len=rl.max_new_tokens, micro_batches=rl.micro_batches)
+    self.value_fn = ts.make_value_fn(self.module, mesh, micro_batches=rl.micro_batches)
+    self._gae = jax.jit(adv_lib.gae, static_argnums=(3, 4))
+    self.hidden = model_cfg.hidden_size
+    self.param_dtype = model_cfg.params_dtype
+
+  # ---- critic state
+  def init_critic(self, policy_params, key):
+    """A critic TrainState: the policy's backbone and a fresh value head (kernel N(0, 0.02))."""
+    head = {"kernel": (0.02 * jax.random.normal(key, (self.hidden, 1))).astype(self.param_dtype),
+            "bias": jnp.zeros((1,), self.param_dtype)}
+    params = value_params_from_policy(jax.device_get(policy_params), {"value_head": head})
+    return ts.create_train_state(self.module, self.opt, self.mesh, params=params)
+
+  def abstract_critic(self):
+    return ts.abstract_train_state(self.module, self.opt, self.mesh)
+
+  # ---- one RL step
+  def update(self, state, critic, episodes, scores, ref_params, key) -> tuple:
+    rl, ppo = self.rl, self.ppo
+    totals = np.array([s["total"] for s in scores], np.float32)
+    host = pack([e.prompt_ids for e in episodes], [e.completion_ids for e in episodes],
+                [e.loss_mask for e in episodes], pad_id=self.pad, bucket=rl.pack_bucket)
+    start = logits_start(host["loss_mask"], rl.pack_bucket)
+    dev = sharding.shard_batch(host, self.mesh)
+    host["old_logp"] = np.asarray(self.steps.logp(state.params, dev, start))
+    if self.steps.with_ref:
+      host["ref_logp"] = np.asarray(self.steps.logp(ref_params, dev, start))
+    values = self.value_fn(critic.params, dev)
+    mask = (host["loss_mask"] > 0).astype(np.float32)
+    mask[:, 0] = 0.0
+    rewards = losses.outcome_token_rewards(jnp.asarray(totals), jnp.asarray(mask))
+    adv, returns = self._gae(rewards, values, jnp.asarray(mask), float(ppo.gamma),
+                             float(ppo.lam))
+    metrics = {"vf/explained_variance": explained_variance(values, returns, mask),
+               "vf/return_mean": _masked_mean(returns, mask)}
+    if ppo.whiten:
+      adv = adv_lib.masked_whiten(adv, jnp.asarray(mask))
+    host["advantages"] = np.asarray(adv, np.float32)
+    host["returns"] = np.asarray(returns, np.float32)
+    host["old_values"] = np.asarray(values, np.float32)
+
+    n, mini = totals.shape[0], int(ppo.mini_batches)
+    size = n // mini
+    rng = np.random.default_rng(int(jax.random.randint(key, (), 0, 2 ** 31 - 1)))
+    pol_keys = ("input_ids", "attention_mask", "loss_mask", "advantages", "old_logp") + (
+        ("ref_logp",) if self.steps.with_ref else ())
+    val_keys = ("input_ids", "attention_mask", "loss_mask", "returns", "old_values")
+    sums: dict = {}
+    for _ in range(int(rl.mu)):
+      order = rng.permutation(n) if mini > 1 else np.arange(n)
+      for j in range(mini):
+        rows = order[j * size:(j + 1) * size]
+        sub = lambda keys: sharding.shard_batch({k: host[k][rows] for k in keys}, self.mesh)
+        state, pm = self.steps.rl_step(state, sub(pol_keys), start)
+        critic, vm = self.value_step(critic, sub(val_keys), 0)
+        for k, v in list(pm.items()) + [(f"vf/{k}", v) for k, v in vm.items()]:
+          sums.setdefault(k, []).append(float(v))
+    metrics.update({k: float(np.mean(v)) for k, v in sums.items()})
+    return state, critic, metrics
+
+
+def explained_variance(values, returns, mask) -> float:
+  """1 - Var(returns - values) / Var(returns) over the masked tokens (1: a perfect critic,
+  0: no better than a constant, < 0: worse). NaN when the returns do not vary."""
+  m = np.asarray(mask, np.float64) > 0
+  v, r = np.asarray(values, np.float64)[m], np.asarray(returns, np.float64)[m]
+  var_r = r.var() if r.size else 0.0
+  return float(1.0 - (r - v).var() / var_r) if var_r > 0 else float("nan")
+
+
+def _masked_mean(x, mask) -> float:
+  m = np.asarray(mask, np.float64)
+  return float((np.asarray(x, np.float64) * m).sum() / max(m.sum(), 1.0))

@@ -1,0 +1,170 @@
+"""rl.algo -> learner: PPO's GAE and value loss by hand through the learner; the outcome
+estimators by name; PPO end to end in the trainer with an exact resume of its critic."""
+import json
+
+import jax
+import numpy as np
+import pytest
+
+from configs import arena
+from rlrag_jax import trainer
+from rlrag_jax.models import ModelConfig, sharding
+from rlrag_jax.rollout.batch import logits_start, pack
+from rlrag_jax.tasks import Episode
+from rlrag_jax.training import learners
+
+CFG = ModelConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_layers=1, num_heads=2,
+                  num_kv_heads=1, head_dim=8, max_position_embeddings=64, model_type="llama",
+                  tie_word_embeddings=True, eos_token_id=(1,), pad_token_id=0)
+
+
+def _config(algo, **ppo):
+  c = arena.get_config("")
+  c.rl.algo = algo
+  c.rl.prompts_per_step, c.rl.group_size = 2, 2
+  c.rl.kl_beta = 0.0
+  c.rl.pack_bucket = 8
+  c.rl.aggregation = "token_mean"
+  c.rl.ppo.update(ppo)
+  return c
+
+
+def _episodes():
+  # Two prompts x two samples; row 2 has an environment token (mask 0) inside its completion.
+  rows = [([5, 6, 7], [10, 11, 12], [1, 1, 1]),
+          ([5, 6, 7], [13, 1], [1, 1]),
+          ([8, 9], [14, 15, 16, 17], [1, 0, 1, 1]),
+          ([8, 9], [18], [1])]
+  return [Episode(example=None, prompt_ids=p, completion_ids=c, loss_mask=m, text="")
+          for p, c, m in rows]
+
+
+def _hand_gae(values, mask, score, gamma, lam):
+  """Independent loop over one row's policy tokens: the outcome on the last one, V after it 0."""
+  idx = [t for t in range(len(mask)) if mask[t]]
+  adv = np.zeros(len(mask))
+  nxt_v, nxt_a = 0.0, 0.0
+  for k in reversed(idx):
+    r = score if k == idx[-1] else 0.0
+    delta = r + gamma * nxt_v - values[k]
+    nxt_a = delta + gamma * lam * nxt_a
+    nxt_v = values[k]
+    adv[k] = nxt_a
+  ret = np.where(np.asarray(mask) > 0, adv + np.asarray(values), 0.0)
+  return adv, ret
+
+
+def test_ppo_update_uses_hand_computed_gae_and_value_loss():
+  mesh = sharding.make_mesh(data=1, fsdp=1, tensor=1)
+  c = _config("ppo", gamma=0.9, lam=0.8, whiten=False, vf_clip=0.2, mini_batches=1)
+  c.rl.mu = 1
+  c.rl.steps = 3
+  steps = trainer.Steps(c, CFG, mesh, 0, 3)
+  learner = learners.make_learner(c, steps, mesh, CFG, pad_id=0)
+  assert isinstance(learner, learners.PPOLearner)
+  params = trainer.init_params(steps.module, jax.random.PRNGKey(0))
+  state = steps.new_state(params, "rl")
+  critic = learner.init_critic(state.params, jax.random.PRNGKey(3))
+  # The critic starts from the policy's backbone.
+  for a, b in zip(jax.tree_util.tree_leaves(params["model"]),
+                  jax.tree_util.tree_leaves(critic.params["model"])):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+  eps = _episodes()
+  scores = [{"total": s} for s in (1.0, 0.0, 2.0, -1.0)]
+  host = pack([e.prompt_ids for e in eps], [e.completion_ids for e in eps],
+              [e.loss_mask for e in eps], pad_id=0, bucket=8)
+  values = np.asarray(learner.value_fn(critic.params, sharding.shard_batch(host, mesh)))
+  mask = host["loss_mask"].astype(float)
+  adv = np.zeros_like(mask)
+  ret = np.zeros_like(mask)
+  for i, s in enumerate(scores):
+    adv[i], ret[i] = _hand_gae(values[i], mask[i], s["total"], 0.9, 0.8)
+
+  _, _, m = learner.update(state, critic, eps, scores, None, jax.random.PRNGKey(4))
+  # Before its update the critic's values are the old values: the clipped loss is plain MSE.
+  want_vf = (0.5 * (values - ret) ** 2 * mask).sum() / mask.sum()
+  assert m["vf/loss"] == pytest.approx(want_vf, rel=1e-5)
+  # On-policy ratio 1: the token-mean policy loss is minus the mean advantage.
+  assert m["pg_loss"] == pytest.approx(-(adv * mask).sum() / mask.sum(), rel=1e-5, abs=1e-7)
+  ev = 1 - np.var((ret - values)[mask > 0]) / np.var(ret[mask > 0])
+  assert m["vf/explained_variance"] == pytest.approx(ev, rel=1e-6)
+  assert logits_start(host["loss_mask"], 8) == 0
+
+
+def test_ppo_mini_batches_visit_every_episode_once_per_epoch():
+  mesh = sharding.make_mesh(data=1, fsdp=1, tensor=1)
+  c = _config("ppo", mini_batches=2)
+  c.rl.mu = 3
+  steps = trainer.Steps(c, CFG, mesh, 0, 2)
+  learner = learners.make_learner(c, steps, mesh, CFG, pad_id=0)
+  seen = []
+
+  def fake_step(state, batch, start):
+    ids, attn = np.asarray(batch["input_ids"]), np.asarray(batch["attention_mask"])
+    last = attn.shape[1] - 1 - np.argmax(attn[:, ::-1], axis=1)
+    seen.append(ids[np.arange(len(ids)), last].tolist())
+    return state, {"loss": 0.0}
+  steps.rl_step = fake_step
+  learner.value_step = lambda st, batch, start: (st, {"loss": 0.0})
+  params = trainer.init_params(steps.module, jax.random.PRNGKey(0))
+  state = steps.new_state(params, "rl")
+  critic = learner.init_critic(state.params, jax.random.PRNGKey(1))
+  eps = _episodes()
+  for i, e in enumerate(eps):          # a distinct last token marks each episode's row
+    e.completion_ids = e.completion_ids[:-1] + [40 + i]
+  learner.update(state, critic, eps, [{"total": 0.0}] * 4, None, jax.random.PRNGKey(2))
+  assert len(seen) == 6 and all(len(s) == 2 for s in seen)      # 3 epochs x 2 mini-batches
+  for epoch in range(3):
+    assert sorted(seen[2 * epoch] + seen[2 * epoch + 1]) == [40, 41, 42, 43]
+  assert learners.updates_per_step(c.rl) == 6
+
+
+def test_algo_names_are_read_not_ignored():
+  mesh = sharding.make_mesh(data=1, fsdp=1, tensor=1)
+  totals = np.array([1.0, 0.0, 3.0, 1.0], np.float32)
+  for algo, want in (("grpo", [0.7070, -0.7070, 0.7071, -0.7071]),   # (r - mean) / (std + 1e-4)
+                     ("dr_grpo", [0.5, -0.5, 1.0, -1.0]),
+                     ("rloo", [1.0, -1.0, 2.0, -2.0])):
+    c = _config(algo)
+    steps = trainer.Steps(c, CFG, mesh, 0, 2)
+    learner = learners.make_learner(c, steps, mesh, CFG, pad_id=0)
+    np.testing.assert_allclose(np.asarray(learner.estimate(totals, 2)), want, atol=1e-4)
+  with pytest.raises(ValueError, match="'rl.algo' is 'reinforce'"):
+    learners.check_algo(_config("reinforce").rl)
+  with pytest.raises(ValueError, match="rl.ppo.mini_batches' = 3"):
+    c = _config("ppo", mini_batches=3)
+    learners.make_learner(c, trainer.Steps(c, CFG, mesh, 0, 2), mesh, CFG, pad_id=0)
+  with pytest.raises(ValueError, match="'rl.ppo.critic' is 'head'"):
+    c = _config("ppo", critic="head")
+    learners.make_learner(c, trainer.Steps(c, CFG, mesh, 0, 2), mesh, CFG, pad_id=0)
+
+
+@pytest.mark.slow
+def test_arena_trains_with_ppo_and_resumes_its_critic_exactly(tmp_path):
+  from test_train import tiny_config
+
+  def config(workdir):
+    c = tiny_config(workdir)
+    c.rl.algo = "ppo"
+    c.rl.mu = 2
+    c.rl.ppo.mini_batches = 2
+    return c
+
+  full = trainer.run(config(tmp_path / "full"), progress=False)
+  # Killed after step 5 (SFT 1-3, RL 4-5): the step-4 checkpoint holds the critic.
+  assert trainer.run(config(tmp_path / "killed"), progress=False, stop_after=5) is None
+  resumed = trainer.run(config(tmp_path / "killed"), progress=False, resume=True)
+  for a, b in zip(jax.tree_util.tree_leaves(full.params),
+                  jax.tree_util.tree_leaves(resumed.params)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  rows = lambda d: [{k: v for k, v in json.loads(l).items() if not k.endswith("_s")}
+                    for l in (d / "metrics.jsonl").read_text().splitlines()]
+  full_rows = rows(tmp_path / "full")
+  assert full_rows == rows(tmp_path / "killed")     # the critic's losses too: it resumed exactly
+  rl_rows = [r for r in full_rows if r["stage"] == "rl"]
+  assert len(rl_rows) == 4
+  for r in rl_rows:
+    for k in ("vf/loss", "vf/explained_variance", "vf/value_mean", "pg_loss"):
+      assert k in r
+    assert np.isfinite(r["vf/loss"])
