@@ -24,9 +24,8 @@ import numpy as np
 from rlrag_jax import evaluation, runlog
 from rlrag_jax.data.pipeline import BatchIterator
 from rlrag_jax.models import DecoderLM, LM, ModelConfig, hf_io, init_params, load_hf, save_hf
-from rlrag_jax.rl import dynamic_sampling
 from rlrag_jax.rollout.batch import logits_start, pack
-from rlrag_jax.training import learners
+from rlrag_jax.training import collection, learners
 from rlrag_jax.rollout.policy import Policy
 from rlrag_jax.tasks import get_task
 
@@ -237,7 +236,8 @@ def run(config, *, resume: bool = False, progress: bool = True,
     step += 1
     key = jax.random.fold_in(base_key, step)
     t0 = time.time()
-    episodes, scores, fill = _collect(task, policy.with_params(state.params), rl_iter, key,
+    episodes, scores, fill = collection.collect(task, policy.with_params(state.params), rl_iter,
+                                                key,
                                       config, step)
     rollout_s = time.time() - t0
     state, critic, m = learner.update(state, critic, episodes, scores, ref_params,
@@ -295,42 +295,6 @@ def stage_iterators(train, config) -> tuple[Optional[BatchIterator], Optional[Ba
           f"'{stage}.steps=0' to skip the stage")
     out.append(BatchIterator(train, batch_size=batch, seed=seed))
   return tuple(out)
-
-
-def _collect(task, policy, rl_iter, key, config, step):
-  """Rollouts for one RL step; with dynamic sampling, groups without reward spread are replaced
-  by fresh prompts (bounded tries). Returns (episodes, reward dicts, fill counters)."""
-  g = config.rl.group_size
-  want = config.rl.prompts_per_step
-  episodes, scores = [], []
-  tries, dropped = 0, 0
-  while True:
-    tries += 1
-    sub = jax.random.fold_in(key, tries)
-    exs = next(rl_iter)
-    eps = task.rollout(policy, exs, sub, group_size=g)
-    sc = [task.reward(e, step) for e in eps]
-    if config.rl.dynamic_sampling:
-      key_name = config.rl.get("dynamic_sampling_key", "total")
-      if key_name not in sc[0]:
-        raise ValueError(f"config key 'rl.dynamic_sampling_key' is {key_name!r}, but the "
-                         f"{config.method} reward has only {sorted(sc[0])}")
-      keep = dynamic_sampling.filter_zero_spread_groups(
-          np.array([s[key_name] for s in sc], np.float32), g)
-      for gi, k in enumerate(keep):
-        if k and len(episodes) < want * g:
-          episodes += eps[gi * g:(gi + 1) * g]
-          scores += sc[gi * g:(gi + 1) * g]
-        elif not k:
-          dropped += 1
-      if len(episodes) >= want * g or tries >= config.rl.dynamic_max_tries:
-        break
-    else:
-      episodes, scores = eps, sc
-      break
-  if not episodes:        # every group was flat: train on the last draw (zero advantages)
-    episodes, scores = eps, sc
-  return episodes, scores, {"tries": float(tries), "dropped_groups": float(dropped)}
 
 
 def _evaluate(task, policy, examples, config, desc):

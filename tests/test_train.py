@@ -7,6 +7,7 @@ import pytest
 
 from configs import arena
 from rlrag_jax import trainer
+from rlrag_jax.training import collection
 
 pytestmark = pytest.mark.slow
 
@@ -127,9 +128,9 @@ def test_dynamic_sampling_keeps_groups_by_the_configured_key():
                   [("C", 1.0, 1.0), ("C", 1.0, 0.0), ("D", 0.0, 0.0), ("D", 0.0, 0.0)]])
     task.rollout = lambda policy, exs, key, group_size, d=draws: next(d)
     config.rl.dynamic_sampling_key = key_name
-    eps, _, fill = trainer._collect(task, None, rl_iter, jax.random.PRNGKey(0), config, 1)
+    eps, _, fill = collection.collect(task, None, rl_iter, jax.random.PRNGKey(0), config, 1)
     assert [e[0] for e in eps] == want, key_name
   config.rl.dynamic_sampling_key = "accuracy"
   task.rollout = lambda policy, exs, key, group_size: [("A", 1.0, 0.0)] * 4
   with pytest.raises(ValueError, match="'rl.dynamic_sampling_key' is 'accuracy'"):
-    trainer._collect(task, None, rl_iter, jax.random.PRNGKey(0), config, 1)
+    collection.collect(task, None, rl_iter, jax.random.PRNGKey(0), config, 1)

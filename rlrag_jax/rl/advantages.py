@@ -51,6 +51,28 @@ def rloo_advantages(rewards: Array, group_size: int) -> Array:
   return (r - others).reshape(-1)
 
 
+def keyed_advantages(rewards: Array, keys, scale_std: bool = True, eps: float = 1e-4) -> Array:
+  """Group-relative advantages for groups of any sizes, named by `keys` [N] (e.g. the parent
+  node of tree decisions): (r - mean_k) / (std_k + eps) with the sample std (ddof=1), or
+  r - mean_k without `scale_std`. A group of one has advantage 0. Returns [N] float32."""
+  import numpy as np
+  r = jnp.asarray(rewards, jnp.float32)
+  keys = np.asarray(keys)
+  if r.ndim != 1 or keys.shape != r.shape:
+    raise ValueError(f"rl.keyed_advantages: rewards {r.shape} and keys {keys.shape} must be [N]")
+  _, idx = np.unique(keys, return_inverse=True)
+  idx = jnp.asarray(idx.reshape(-1))
+  k = int(idx.max()) + 1 if r.size else 0
+  count = jax.ops.segment_sum(jnp.ones_like(r), idx, k)
+  mean = jax.ops.segment_sum(r, idx, k) / count
+  centred = r - mean[idx]
+  if not scale_std:
+    return centred
+  ss = jax.ops.segment_sum(centred * centred, idx, k)
+  std = jnp.where(count > 1, jnp.sqrt(ss / jnp.maximum(count - 1, 1)), 0.0)
+  return centred / (std[idx] + eps)
+
+
 ADVANTAGE_ESTIMATORS = {
     "grpo": group_advantages,
     "dr_grpo": functools.partial(group_advantages, scale_std=False),

@@ -60,7 +60,7 @@ class OutcomeLearner:
 
   def __init__(self, config, steps, mesh, pad_id: int):
     self.rl, self.steps, self.mesh, self.pad = config.rl, steps, mesh, pad_id
-    algo = check_algo(config.rl)
+    algo = self.algo = check_algo(config.rl)
     if algo == "grpo":
       self.estimate = lambda r, g: adv_lib.group_advantages(
           r, g, scale_std=self.rl.scale_std, eps=self.rl.adv_eps)
@@ -73,7 +73,15 @@ class OutcomeLearner:
   def update(self, state, critic, episodes, scores, ref_params, key) -> tuple:
     rl = self.rl
     totals = np.array([s["total"] for s in scores], np.float32)
-    adv = np.asarray(self.estimate(jnp.asarray(totals), rl.group_size))
+    keys = _group_keys(episodes)
+    if keys is None:
+      adv = np.asarray(self.estimate(jnp.asarray(totals), rl.group_size))
+    elif self.algo == "rloo":
+      raise ValueError("config key 'rl.algo' is 'rloo', which needs equal groups, but the task's "
+                       "episodes carry their own groups (Episode.info['group']); use 'grpo'")
+    else:
+      adv = np.asarray(adv_lib.keyed_advantages(
+          totals, keys, scale_std=self.algo == "grpo" and bool(rl.scale_std), eps=rl.adv_eps))
     batch = pack([e.prompt_ids for e in episodes], [e.completion_ids for e in episodes],
                  [e.loss_mask for e in episodes], pad_id=self.pad, bucket=rl.pack_bucket)
     batch["advantages"] = adv.astype(np.float32)
@@ -144,7 +152,7 @@ class PPOLearner:
     values = self.value_fn(critic.params, dev)
     mask = (host["loss_mask"] > 0).astype(np.float32)
     mask[:, 0] = 0.0
-    rewards = losses.outcome_token_rewards(jnp.asarray(totals), jnp.asarray(mask))
+    rewards = _token_rewards(episodes, totals, host, mask)
     adv, returns = self._gae(rewards, values, jnp.asarray(mask), float(ppo.gamma),
                              float(ppo.lam))
     metrics = {"vf/explained_variance": explained_variance(values, returns, mask),
@@ -173,6 +181,37 @@ class PPOLearner:
           sums.setdefault(k, []).append(float(v))
     metrics.update({k: float(np.mean(v)) for k, v in sums.items()})
     return state, critic, metrics
+
+
+def _group_keys(episodes):
+  """Episode.info['group'] of every episode, or None when no episode names one (then groups
+  are the rollout's consecutive `rl.group_size` samples)."""
+  keys = [getattr(e, "info", {}).get("group") for e in episodes]
+  if all(k is None for k in keys):
+    return None
+  if any(k is None for k in keys):
+    raise ValueError("some episodes carry info['group'] and others do not; a task that groups "
+                     "its episodes must group all of them")
+  return keys
+
+
+def _token_rewards(episodes, totals, host, mask):
+  """Rewards [B, T]: an episode's info['token_rewards'] (one per completion token, e.g. per
+  step) where given, else its total on its last policy token."""
+  out = np.array(losses.outcome_token_rewards(jnp.asarray(totals), jnp.asarray(mask)))
+  width = host["input_ids"].shape[1]
+  p_len = max(len(e.prompt_ids) for e in episodes)
+  for i, e in enumerate(episodes):
+    per = getattr(e, "info", {}).get("token_rewards")
+    if per is None:
+      continue
+    if len(per) != len(e.completion_ids):
+      raise ValueError(f"episode {i}: info['token_rewards'] has {len(per)} entries for "
+                       f"{len(e.completion_ids)} completion tokens")
+    row = np.zeros(width, np.float32)
+    row[p_len:p_len + len(per)] = per
+    out[i] = row * mask[i]
+  return jnp.asarray(out)
 
 
 def explained_variance(values, returns, mask) -> float:

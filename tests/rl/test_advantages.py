@@ -94,3 +94,21 @@ def test_masked_whiten():
   want = (v - v.mean()) / np.sqrt(v.var() + 1e-8)
   np.testing.assert_allclose(got[m > 0], want, rtol=1e-5)
   np.testing.assert_array_equal(got[m == 0], 0.0)
+
+
+def test_keyed_advantages_by_hand():
+  # Groups of sizes 3, 1 and 2, interleaved: 'a' = [1, 2, 6], 'b' = [5], 'c' = [0, 4].
+  r = np.array([1.0, 5.0, 0.0, 2.0, 4.0, 6.0], np.float32)
+  keys = ["a", "b", "c", "a", "c", "a"]
+  # a: mean 3, sample std sqrt((4 + 1 + 9) / 2) = sqrt(7); c: mean 2, std sqrt(8); b: alone -> 0.
+  s7, s8 = np.sqrt(7.0), np.sqrt(8.0)
+  want = [-2 / (s7 + 1e-4), 0.0, -2 / (s8 + 1e-4), -1 / (s7 + 1e-4), 2 / (s8 + 1e-4),
+          3 / (s7 + 1e-4)]
+  np.testing.assert_allclose(np.asarray(rl.keyed_advantages(r, keys)), want, rtol=1e-5)
+  np.testing.assert_allclose(np.asarray(rl.keyed_advantages(r, keys, scale_std=False)),
+                             [-2, 0, -2, -1, 2, 3], atol=1e-6)
+  # Equal consecutive groups: the same as GRPO's.
+  np.testing.assert_allclose(np.asarray(rl.keyed_advantages(r, [0, 0, 1, 1, 2, 2])),
+                             np.asarray(rl.group_advantages(r, 2)), rtol=1e-6)
+  with pytest.raises(ValueError, match="must be \\[N\\]"):
+    rl.keyed_advantages(r, keys[:3])

@@ -1,0 +1,99 @@
+"""Collecting one RL step's episodes and rewards from a Task.
+
+Three ways, in order of precedence:
+  task.collect(policy, examples, rng, *, group_size, step) -> (episodes, scores)
+      a task whose rollouts are not one stream per example (e.g. a tree of decisions); each
+      episode's `group` (Episode.info['group']) says which episodes are compared with each other.
+  rl.dynamic_sampling
+      DAPO: groups whose `rl.dynamic_sampling_key` reward does not vary are dropped and fresh
+      prompts drawn (`rl.fill_groups`, bounded tries). When tries run out, the batch is padded
+      back to its fixed size with dropped groups whose loss masks are zeroed, so the update's
+      shapes never change and the padding adds nothing to the loss.
+  otherwise
+      one rollout of `rl.prompts_per_step` prompts x `rl.group_size` samples.
+
+Rewards are asked in one call per batch when the task has `rewards(episodes, step)` (e.g. one
+jitted encoder call), else episode by episode with `reward(episode, step)`.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+
+from rlrag_jax.rl import dynamic_sampling
+
+
+def score(task, episodes, step) -> list:
+  if hasattr(task, "rewards"):
+    out = list(task.rewards(episodes, step))
+    if len(out) != len(episodes):
+      raise ValueError(f"{type(task).__name__}.rewards returned {len(out)} reward dicts for "
+                       f"{len(episodes)} episodes")
+    return out
+  return [task.reward(e, step) for e in episodes]
+
+
+def collect(task, policy, rl_iter, key, config, step) -> tuple:
+  """(episodes, reward dicts, counters) for one RL step."""
+  rl = config.rl
+  g, want = int(rl.group_size), int(rl.prompts_per_step)
+  if hasattr(task, "collect"):
+    if rl.dynamic_sampling:
+      raise ValueError(f"config key 'rl.dynamic_sampling' is on, but the {config.method} task "
+                       "collects its own rollouts (Task.collect); filter inside the hook")
+    episodes, scores = task.collect(policy, next(rl_iter), jax.random.fold_in(key, 1),
+                                    group_size=g, step=step)
+    if len(scores) != len(episodes) or not episodes:
+      raise ValueError(f"{type(task).__name__}.collect returned {len(episodes)} episodes and "
+                       f"{len(scores)} reward dicts; expected equal, non-zero counts")
+    return list(episodes), list(scores), {"tries": 1.0, "dropped_groups": 0.0}
+
+  tries = 0
+  drawn = []            # every group drawn, for padding
+
+  def draw(needed=None):
+    nonlocal tries
+    tries += 1
+    eps = task.rollout(policy, next(rl_iter), jax.random.fold_in(key, tries), group_size=g)
+    sc = score(task, eps, step)
+    groups = [(eps[i:i + g], sc[i:i + g]) for i in range(0, len(eps), g)]
+    drawn.extend(groups)
+    return groups
+
+  if not rl.dynamic_sampling:
+    groups = draw()
+    return ([e for eps, _ in groups for e in eps], [s for _, sc in groups for s in sc],
+            {"tries": 1.0, "dropped_groups": 0.0})
+
+  key_name = rl.get("dynamic_sampling_key", "total")
+
+  def sample_fn(needed):
+    groups = draw(needed)
+    if groups and key_name not in groups[0][1][0]:
+      raise ValueError(f"config key 'rl.dynamic_sampling_key' is {key_name!r}, but the "
+                       f"{config.method} reward has only {sorted(groups[0][1][0])}")
+    return groups, [[s[key_name] for s in sc] for _, sc in groups]
+
+  res = dynamic_sampling.fill_groups(sample_fn, want, int(rl.dynamic_max_tries))
+  kept = list(res.groups)
+  padded = 0
+  if len(kept) < want:
+    kept_ids = {id(grp) for grp in kept}
+    for grp in drawn:
+      if len(kept) == want:
+        break
+      if id(grp) not in kept_ids:
+        kept.append(([_silenced(e) for e in grp[0]], grp[1]))
+        padded += 1
+  return ([e for eps, _ in kept for e in eps], [s for _, sc in kept for s in sc],
+          {"tries": float(res.tries), "dropped_groups": float(res.discarded),
+           "padded_groups": float(padded)})
+
+
+def _silenced(episode):
+  """A padding copy of an episode: same tokens, loss mask all zero."""
+  if dataclasses.is_dataclass(episode):
+    return dataclasses.replace(episode, loss_mask=[0] * len(episode.loss_mask),
+                               info={**episode.info, "padding": True})
+  return episode

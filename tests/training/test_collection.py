@@ -1,0 +1,95 @@
+"""Collecting a step's episodes: batched rewards, a task's own collect hook, dynamic sampling
+padded back to a fixed batch; per-token rewards and task-named groups in the learners."""
+import itertools
+import types
+
+import jax
+import numpy as np
+import pytest
+
+from configs import arena
+from rlrag_jax.rollout.batch import pack
+from rlrag_jax.tasks import Episode
+from rlrag_jax.training import collection, learners
+
+
+def _ep(tag, value, n=2):
+  return Episode(example=tag, prompt_ids=[1, 2], completion_ids=[3] * n, loss_mask=[1] * n,
+                 text=tag, info={"value": value})
+
+
+def _config(**rl):
+  c = arena.get_config("")
+  c.rl.group_size, c.rl.prompts_per_step = 2, 2
+  c.rl.update(rl)
+  return c
+
+
+def test_batched_rewards_are_asked_once_per_draw():
+  calls = []
+
+  class Task:
+    def rollout(self, policy, exs, key, group_size):
+      return [_ep("a", 1.0), _ep("a", 0.0), _ep("b", 2.0), _ep("b", 2.0)]
+
+    def rewards(self, episodes, step):
+      calls.append(len(episodes))
+      return [{"total": e.info["value"]} for e in episodes]
+
+    def reward(self, episode, step):
+      raise AssertionError("the batched hook must be used")
+
+  eps, scores, _ = collection.collect(Task(), None, itertools.repeat(["x", "y"]),
+                                      jax.random.PRNGKey(0), _config(), 1)
+  assert calls == [4] and [s["total"] for s in scores] == [1.0, 0.0, 2.0, 2.0]
+
+
+def test_dynamic_sampling_pads_to_a_fixed_batch_with_silenced_groups():
+  task = types.SimpleNamespace(
+      rollout=lambda policy, exs, key, group_size: [_ep("a", 1.0), _ep("a", 0.0),
+                                                    _ep("f", 3.0), _ep("f", 3.0)],
+      reward=lambda e, step: {"total": e.info["value"]})
+  c = _config(dynamic_sampling=True, dynamic_max_tries=2, prompts_per_step=3)
+  eps, scores, fill = collection.collect(task, None, itertools.repeat(["x", "y"]),
+                                         jax.random.PRNGKey(0), c, 1)
+  # Two draws keep 'a' twice (3 wanted); one flat group 'f' pads the batch, silenced.
+  assert [e.example for e in eps] == ["a", "a", "a", "a", "f", "f"]
+  assert fill == {"tries": 2.0, "dropped_groups": 2.0, "padded_groups": 1.0}
+  assert [sum(e.loss_mask) for e in eps] == [2, 2, 2, 2, 0, 0]
+  assert eps[4].info["padding"] and not eps[0].info.get("padding")
+
+
+def test_a_task_collect_hook_replaces_the_rollout():
+  class Task:
+    def collect(self, policy, exs, key, *, group_size, step):
+      eps = [_ep("t", v) for v in (1.0, 0.0, 5.0)]
+      for e, g in zip(eps, (7, 7, 9)):
+        e.info["group"] = g
+      return eps, [{"total": e.info["value"]} for e in eps]
+
+  eps, scores, _ = collection.collect(Task(), None, itertools.repeat(["x"]),
+                                      jax.random.PRNGKey(0), _config(), 1)
+  assert len(eps) == 3 and learners._group_keys(eps) == [7, 7, 9]
+  with pytest.raises(ValueError, match="'rl.dynamic_sampling' is on"):
+    collection.collect(Task(), None, itertools.repeat(["x"]), jax.random.PRNGKey(0),
+                       _config(dynamic_sampling=True), 1)
+
+
+def test_token_rewards_land_on_their_completion_tokens():
+  eps = [Episode(None, [5, 6, 7], [10, 11, 12], [1, 0, 1], "", {"token_rewards": [0.5, 9.0, 2.0]}),
+         Episode(None, [8], [13, 14], [1, 1], "")]
+  host = pack([e.prompt_ids for e in eps], [e.completion_ids for e in eps],
+              [e.loss_mask for e in eps], bucket=4)
+  mask = host["loss_mask"].astype(np.float32)
+  got = np.asarray(learners._token_rewards(eps, np.array([1.0, 3.0], np.float32), host, mask))
+  # Completions start at column 3; the environment token (mask 0) carries no reward; the
+  # episode without per-token rewards gets its total on its last policy token.
+  np.testing.assert_allclose(got, [[0, 0, 0, 0.5, 0, 2.0, 0, 0],
+                                   [0, 0, 0, 0, 3.0, 0, 0, 0]])
+  bad = [Episode(None, [1], [2, 3], [1, 1], "", {"token_rewards": [1.0]})]
+  with pytest.raises(ValueError, match="1 entries for 2 completion tokens"):
+    learners._token_rewards(bad, np.zeros(1, np.float32),
+                            pack([[1]], [[2, 3]], bucket=4), np.ones((1, 4), np.float32))
+  with pytest.raises(ValueError, match="must group all of them"):
+    learners._group_keys([Episode(None, [1], [2], [1], "", {"group": 1}),
+                          Episode(None, [1], [2], [1], "")])
