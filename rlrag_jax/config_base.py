@@ -71,6 +71,9 @@ def trainer_config(method: str, workdir: str) -> ml_collections.ConfigDict:
       attention_block=0, vocab_size=2048, hidden_size=128, intermediate_size=384, num_layers=4, num_heads=4,
       num_kv_heads=2, head_dim=32, max_position_embeddings=1024))
 
+  # Auxiliary frozen LMs by name, e.g. c.models.reader = ConfigDict(dict(path="runs/reader")):
+  # loaded once, sharded on the mesh, handed to task.bind_models (training/aux_models.py).
+  c.models = ml_collections.ConfigDict()
   c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
   c.distributed = ml_collections.ConfigDict(dict(initialize=False, coordinator_address="",
                                                  num_processes=0, process_id=-1))

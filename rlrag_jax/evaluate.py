@@ -10,7 +10,6 @@ method's own prompt (`task.judge_prompt`, a `judge.JudgePrompt`) when the task d
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import pathlib
 import sys
@@ -29,7 +28,9 @@ def main(argv):
   from rlrag_jax import evaluation, judge, runlog
   from rlrag_jax.rollout.policy import Policy
   from rlrag_jax.tasks import get_task
+  from rlrag_jax.models.sharding import make_mesh
   from rlrag_jax.trainer import load_trained
+  from rlrag_jax.training import aux_models
   config = _CONFIG.value
   try:
     lm = load_trained(_CKPT.value, step=_STEP.value)
@@ -42,6 +43,7 @@ def main(argv):
   elif config.model.init == "hf" or (ckpt / "config.json").exists():
     config.model.init, config.model.path = "hf", str(ckpt)
   task = get_task(config.method, config)
+  aux_models.bind(task, aux_models.load(config.get("models"), make_mesh()))
   tok = task.tokenizer
   policy = Policy(lm.config, lm.params, max_new_tokens=config.eval.max_new_tokens,
                   eos_ids=tuple(lm.config.eos_token_id) or (tok.eos_token_id,),

@@ -25,7 +25,7 @@ from rlrag_jax import evaluation, runlog
 from rlrag_jax.data.pipeline import BatchIterator
 from rlrag_jax.models import DecoderLM, LM, ModelConfig, hf_io, init_params, load_hf, save_hf
 from rlrag_jax.rollout.batch import logits_start, pack
-from rlrag_jax.training import collection, learners
+from rlrag_jax.training import aux_models, collection, learners
 from rlrag_jax.rollout.policy import Policy
 from rlrag_jax.tasks import get_task
 
@@ -140,6 +140,7 @@ def run(config, *, resume: bool = False, progress: bool = True,
   log.info("model: %s params, %d train / %d eval examples", f"{model_cfg.num_params():,}",
            len(task.train), len(task.eval))
   mesh = sharding.make_mesh(**dict(config.mesh))
+  aux_models.bind(task, aux_models.load(config.get("models"), mesh))
   sft_total, rl_total = int(config.sft.steps), int(config.rl.steps)
   steps = Steps(config, model_cfg, mesh, sft_total, rl_total)
   learner = learners.make_learner(config, steps, mesh, model_cfg,

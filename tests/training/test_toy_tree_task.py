@@ -1,0 +1,145 @@
+"""A new method needs no edit to the shared layers: a test-only task, found by the trainer's
+ordinary `method` lookup, collects a tree of decisions (forced Yes/No at the root, then the
+policy completes each branch), is rewarded by a frozen auxiliary LM (config `models.reader`), and
+trains with PPO on one sample per decision grouped by its parent node."""
+import json
+import sys
+import types
+
+import jax
+import numpy as np
+import pytest
+
+from hf_tiny import make_tiny_checkpoint
+from rlrag_jax import config_base, trainer
+from rlrag_jax.generate import byte_level_tokenizer
+from rlrag_jax.rollout import tree
+from rlrag_jax.rollout.single_turn import completion_ids, single_turn
+from rlrag_jax.tasks import Episode
+
+pytestmark = pytest.mark.slow
+
+
+class ToyTreeTask:
+  name = "toy_tree"
+
+  def __init__(self, config):
+    self.config = config
+    self.tokenizer = byte_level_tokenizer()
+    self.train = [f"q{i}:" for i in range(6)]
+    self.eval = self.train[:2]
+    self.reader = None
+    self.reader_calls = 0
+    self.forests = []
+
+  def bind_models(self, models):
+    self.reader = models["reader"]
+
+  def _enc(self, text):
+    return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+  def prompt_ids(self, ex):
+    return self._enc(ex)
+
+  def sft_target(self, ex):
+    return "Y"
+
+  def sft_target_ids(self, ex):
+    return self._enc("Y")
+
+  def _read(self, states):
+    """The frozen reader's probability of 'Y' after each state (one batched forward)."""
+    self.reader_calls += 1
+    width = max(len(s) for s in states)
+    ids = np.zeros((len(states), width), np.int32)
+    mask = np.zeros_like(ids)
+    for i, s in enumerate(states):
+      ids[i, width - len(s):], mask[i, width - len(s):] = s, 1
+    probs = jax.nn.softmax(self.reader.logits(ids, mask)[:, -1], axis=-1)
+    return [float(p) for p in np.asarray(probs[:, self._enc("Y")[0]])]
+
+  def collect(self, policy, examples, rng, *, group_size, step):
+    level = [0]
+
+    def step_fn(nodes, actions):
+      level[0] += 1
+      out = [None] * len(nodes)
+      free = [i for i, a in enumerate(actions) if a is None]
+      for i, (n, a) in enumerate(zip(nodes, actions)):
+        if a is not None:
+          ids = self._enc(a)
+          out[i] = tree.Step(state=n.state + ids, sample=(n.state, ids))
+      if free:
+        gen = policy.sample([nodes[i].state for i in free], jax.random.fold_in(rng, level[0]))
+        for row, i in enumerate(free):
+          comp = completion_ids(gen, row)
+          out[i] = tree.Step(state=nodes[i].state + comp, sample=(nodes[i].state, comp),
+                             done=True)
+      return out
+
+    forest = tree.expand([self.prompt_ids(ex) for ex in examples], step=step_fn,
+                         branch=lambda n: ["Y", "N"], max_depth=1,
+                         reward=lambda leaves: self._read([l.state for l in leaves]))
+    self.forests.append(forest)
+    episodes, scores = [], []
+    for d in forest.decisions():
+      prompt, comp = d.sample
+      episodes.append(Episode(example=examples[d.tree], prompt_ids=prompt, completion_ids=comp,
+                              loss_mask=[1] * len(comp), text="",
+                              info={"group": d.group, "action": d.action}))
+      scores.append({"total": d.ret})
+    return episodes, scores
+
+  def rollout(self, policy, examples, rng, *, group_size=1, greedy=False):
+    return single_turn(policy, examples, self.prompt_ids, lambda ids: "", rng,
+                       group_size=group_size, greedy=greedy)
+
+  def reward(self, episode, step=0):
+    return {"total": self._read([episode.prompt_ids + episode.completion_ids])[0]}
+
+  def eval_metrics(self, episode):
+    return {"reward": self.reward(episode)["total"]}
+
+
+def test_toy_tree_task_trains_with_ppo_and_a_frozen_reader(tmp_path, monkeypatch):
+  made = []
+  module = types.ModuleType("rlrag_jax.methods.toy_tree.task")
+  module.make_task = lambda config: made.append(ToyTreeTask(config)) or made[-1]
+  monkeypatch.setitem(sys.modules, "rlrag_jax.methods.toy_tree.task", module)
+
+  c = config_base.trainer_config("toy_tree", str(tmp_path / "run"))
+  config_base.use_hf_model(c)
+  c.model.path = str(make_tiny_checkpoint(tmp_path, "qwen2", seed=0, name="policy"))
+  c.model.dtype = "float32"
+  c.models.reader = dict(path=str(make_tiny_checkpoint(tmp_path, "llama", seed=1,
+                                                       name="reader")))
+  c.rl.update(dict(algo="ppo", steps=2, prompts_per_step=2, group_size=1, max_new_tokens=4,
+                   lr=1e-3, kl_beta=0.04, pack_bucket=8))
+  c.rl.ppo.update(dict(vf_lr=1e-3, mini_batches=1))
+  c.eval.update(dict(num_examples=2, max_new_tokens=4, batch_size=2))
+  c.checkpoint.every = 1
+  c.export_hf = False
+  before = trainer.load_trained(c.model.path).params
+  result = trainer.run(c, progress=False)
+
+  task = made[-1]
+  assert task.reader is not None and task.reader_calls > 0
+  # Per prompt (two a step): two forced root decisions, then one sampled completion under each.
+  assert len(task.forests) == 2
+  for forest in task.forests:
+    assert forest.counts()["nodes"] == 8 and forest.counts()["leaves"] == 4
+    assert sorted(d.action or "-" for d in forest.decisions()) == ["-"] * 4 + ["N"] * 2 + [
+        "Y"] * 2
+    rets = {d.node: d.ret for d in forest.decisions()}
+    for d in forest.decisions():       # a root decision's return is its one leaf's reward
+      if d.action is not None:
+        child = forest.nodes[d.node].children[0]
+        assert rets[d.node] == pytest.approx(forest.nodes[child].reward)
+  rows = [json.loads(l) for l in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+  rows = [r for r in rows if r["stage"] == "rl"]
+  assert len(rows) == 2
+  for r in rows:
+    assert np.isfinite(r["vf/loss"]) and "vf/explained_variance" in r and r["tokens"] > 0
+  changed = [not np.array_equal(np.asarray(a), np.asarray(b)) for a, b in
+             zip(jax.tree_util.tree_leaves(before), jax.tree_util.tree_leaves(result.params))]
+  assert any(changed)
