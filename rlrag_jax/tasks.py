@@ -47,7 +47,22 @@ class Task(Protocol):
   def eval_metrics(self, episode: Episode) -> dict: ...
   """Numeric metrics of one greedy episode (plus an optional 'prediction' string for judges)."""
 
-  # Optional: `report(workdir, runlog)` writes method-specific plots/tables after training.
+  # Optional hooks (the shared trainer's defaults are the behaviour without them):
+  #   report(workdir, runlog)          method-specific plots/tables after training.
+  #   rewards(episodes, step)          batched rewards (one encoder call a batch), instead of
+  #                                    reward() per episode.
+  #   collect(policy, examples, rng, *, group_size, step) -> (episodes, reward dicts)
+  #                                    rollouts that are not one stream per example (e.g.
+  #                                    `rollout.tree.expand`); episodes may set
+  #                                    info['group'] (who is compared with whom) and
+  #                                    info['token_rewards'] (per-token rewards, PPO).
+  #   sft_samples(example) -> [(prompt_ids, target_ids, loss_mask | None), ...]
+  #                                    several SFT samples per example (roles, turns).
+  #   eval_rollout(policy, examples, rng) -> episodes
+  #                                    evaluation that differs from training rollouts.
+  #   state_dict() / load_state_dict(d)  JSON state the task grows while training (e.g. a
+  #                                    training pool from its own rollouts); checkpointed.
+  #   bind_models({name: LM})          the config's auxiliary models (frozen reader, ...).
 
 
 def get_task(name: str, config) -> Task:

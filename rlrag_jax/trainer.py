@@ -156,7 +156,7 @@ def run(config, *, resume: bool = False, progress: bool = True,
   eval_policy = dataclasses.replace(policy, max_new_tokens=config.eval.max_new_tokens)
   eval_examples = list(task.eval)[: config.eval.num_examples]
 
-  sft_iter, rl_iter = stage_iterators(task.train, config)
+  sft_iter, rl_iter = stage_iterators(task.train, config, sft_items=sft_samples(task, config))
 
   # ---- resume
   step, stage, state, ref_params, before = 0, "sft" if sft_total > 0 else "rl", None, None, None
@@ -170,6 +170,8 @@ def run(config, *, resume: bool = False, progress: bool = True,
       if it is not None and restored.data_position.get(name) is not None:
         it.load_state_dict(restored.data_position[name])
     before = restored.meta.get("before")
+    if restored.data_position.get("task") is not None:
+      task.load_state_dict(restored.data_position["task"])
     state = restored.state["train"]
     if stage == "rl":
       ref_params = restored.state.get("ref")
@@ -190,7 +192,10 @@ def run(config, *, resume: bool = False, progress: bool = True,
       tree["critic"] = critic
     ckpt.save(step_, tree, rng=base_key, config=config.to_json_best_effort(),
               data_position={"sft": sft_iter and sft_iter.state_dict(),
-                             "rl": rl_iter and rl_iter.state_dict()},
+                             "rl": rl_iter and rl_iter.state_dict(),
+                             # a task's own growing state (e.g. a training pool built from its
+                             # rollouts), JSON, through optional state_dict / load_state_dict
+                             "task": task.state_dict() if hasattr(task, "state_dict") else None},
               meta={"stage": stage_, "before": before}, force=True)
 
   bar = _progress(sft_total + rl_total, step, progress)
@@ -200,10 +205,14 @@ def run(config, *, resume: bool = False, progress: bool = True,
   while stage == "sft" and step < sft_total:
     step += 1
     exs = next(sft_iter)
-    prompts = [task.prompt_ids(ex) for ex in exs]
-    targets = [task.sft_target_ids(ex) for ex in exs]
-    masks = ([task.sft_loss_mask(ex) for ex in exs] if hasattr(task, "sft_loss_mask")
-             else None)      # optional: 0 on target tokens the environment wrote
+    if hasattr(task, "sft_samples"):         # items are already (prompt, target, mask) samples
+      prompts, targets, masks = (list(x) for x in zip(*exs))
+      masks = [m if m is not None else [1] * len(t) for m, t in zip(masks, targets)]
+    else:
+      prompts = [task.prompt_ids(ex) for ex in exs]
+      targets = [task.sft_target_ids(ex) for ex in exs]
+      masks = ([task.sft_loss_mask(ex) for ex in exs] if hasattr(task, "sft_loss_mask")
+               else None)      # optional: 0 on target tokens the environment wrote
     batch = pack(prompts, targets, masks, pad_id=pad, max_len=config.sft.max_len,
                  bucket=config.sft.pack_bucket, prompt_loss=config.sft.get("prompt_loss", 0.0))
     start = logits_start(batch["loss_mask"], config.sft.pack_bucket)
@@ -277,10 +286,31 @@ def run(config, *, resume: bool = False, progress: bool = True,
 
 
 # ------------------------------------------------------------------------------------ helpers
-def stage_iterators(train, config) -> tuple[Optional[BatchIterator], Optional[BatchIterator]]:
-  """(SFT, RL) batch iterators over the training examples, each built only when its stage runs
-  (steps > 0; else None). A training set smaller than a stage's batch is an error naming that
-  stage and its batch key; a stage that does not run asks nothing of the data."""
+def sft_samples(task, config) -> Optional[list]:
+  """With the optional `task.sft_samples(example) -> [(prompt_ids, target_ids, loss_mask or
+  None), ...]` hook (several SFT samples per example, e.g. one per agent role or turn), the
+  flattened samples of every training example; the SFT stage then batches samples, not
+  examples. None without the hook or when SFT does not run."""
+  if not hasattr(task, "sft_samples") or int(config.sft.steps) <= 0:
+    return None
+  out = []
+  for ex in task.train:
+    for i, sample in enumerate(task.sft_samples(ex)):
+      prompt, target, mask = sample
+      if mask is not None and len(mask) != len(target):
+        raise ValueError(f"{type(task).__name__}.sft_samples: example "
+                         f"{getattr(ex, 'id', ex)!r} sample {i}: loss mask has {len(mask)} "
+                         f"entries for {len(target)} target tokens")
+      out.append((list(prompt), list(target), None if mask is None else list(mask)))
+  return out
+
+
+def stage_iterators(train, config, sft_items=None) -> tuple[Optional[BatchIterator],
+                                                             Optional[BatchIterator]]:
+  """(SFT, RL) batch iterators over the training examples (SFT: over `sft_items` when given,
+  see `sft_samples`), each built only when its stage runs (steps > 0; else None). A training
+  set smaller than a stage's batch is an error naming that stage and its batch key; a stage
+  that does not run asks nothing of the data."""
   out = []
   for stage, batch_key, seed in (("sft", "batch_size", config.seed),
                                  ("rl", "prompts_per_step", config.seed + 1)):
@@ -288,13 +318,15 @@ def stage_iterators(train, config) -> tuple[Optional[BatchIterator], Optional[Ba
     if int(section.steps) <= 0:
       out.append(None)
       continue
+    items = sft_items if stage == "sft" and sft_items is not None else train
     batch = int(section[batch_key])
-    if len(train) < batch:
+    what = "SFT samples" if items is sft_items else "training examples"
+    if len(items) < batch:
       raise ValueError(
-          f"{stage} stage: {len(train)} training examples, fewer than one batch "
+          f"{stage} stage: {len(items)} {what}, fewer than one batch "
           f"(config key '{stage}.{batch_key}' = {batch}); lower it, add data, or set "
           f"'{stage}.steps=0' to skip the stage")
-    out.append(BatchIterator(train, batch_size=batch, seed=seed))
+    out.append(BatchIterator(items, batch_size=batch, seed=seed))
   return tuple(out)
 
 

@@ -31,6 +31,8 @@ class ToyTreeTask:
     self.reader = None
     self.reader_calls = 0
     self.forests = []
+    self.pool = []              # grows from the policy's own rollouts; saved in checkpoints
+    self.eval_rollouts = 0
 
   def bind_models(self, models):
     self.reader = models["reader"]
@@ -46,6 +48,21 @@ class ToyTreeTask:
 
   def sft_target_ids(self, ex):
     return self._enc("Y")
+
+  def sft_samples(self, ex):
+    # Two roles per example: the decision, then a continuation after it (first token masked).
+    p = self.prompt_ids(ex)
+    return [(p, self._enc("Y"), None), (p + self._enc("Y"), self._enc("ok"), [0, 1])]
+
+  def state_dict(self):
+    return {"pool": self.pool}
+
+  def load_state_dict(self, state):
+    self.pool = [list(x) for x in state["pool"]]
+
+  def eval_rollout(self, policy, examples, rng):
+    self.eval_rollouts += 1
+    return self.rollout(policy, examples, rng, greedy=True)
 
   def _read(self, states):
     """The frozen reader's probability of 'Y' after each state (one batched forward)."""
@@ -81,6 +98,7 @@ class ToyTreeTask:
                          branch=lambda n: ["Y", "N"], max_depth=1,
                          reward=lambda leaves: self._read([l.state for l in leaves]))
     self.forests.append(forest)
+    self.pool.append([step, max(l.reward for l in forest.leaves())])
     episodes, scores = [], []
     for d in forest.decisions():
       prompt, comp = d.sample
@@ -117,15 +135,22 @@ def test_toy_tree_task_trains_with_ppo_and_a_frozen_reader(tmp_path, monkeypatch
                    lr=1e-3, kl_beta=0.04, pack_bucket=8))
   c.rl.ppo.update(dict(vf_lr=1e-3, mini_batches=1))
   c.eval.update(dict(num_examples=2, max_new_tokens=4, batch_size=2))
+  c.sft.update(dict(steps=1, batch_size=4, pack_bucket=8))
   c.checkpoint.every = 1
   c.export_hf = False
   before = trainer.load_trained(c.model.path).params
-  result = trainer.run(c, progress=False)
+  # Killed after the first RL step (global step 2), then resumed: the pool comes back.
+  assert trainer.run(c, progress=False, stop_after=2) is None
+  pool_at_kill = [list(x) for x in made[-1].pool]
+  assert len(pool_at_kill) == 1
+  result = trainer.run(c, progress=False, resume=True)
 
   task = made[-1]
+  assert task.pool[:1] == pool_at_kill and len(task.pool) == 2
+  assert task.eval_rollouts > 0
   assert task.reader is not None and task.reader_calls > 0
   # Per prompt (two a step): two forced root decisions, then one sampled completion under each.
-  assert len(task.forests) == 2
+  assert len(task.forests) == 1          # the resumed process ran the second RL step
   for forest in task.forests:
     assert forest.counts()["nodes"] == 8 and forest.counts()["leaves"] == 4
     assert sorted(d.action or "-" for d in forest.decisions()) == ["-"] * 4 + ["N"] * 2 + [
@@ -136,6 +161,8 @@ def test_toy_tree_task_trains_with_ppo_and_a_frozen_reader(tmp_path, monkeypatch
         child = forest.nodes[d.node].children[0]
         assert rets[d.node] == pytest.approx(forest.nodes[child].reward)
   rows = [json.loads(l) for l in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+  sft = [r for r in rows if r["stage"] == "sft"]
+  assert len(sft) == 1 and sft[0]["tokens"] == 4 + 0   # 4 samples, one loss token each
   rows = [r for r in rows if r["stage"] == "rl"]
   assert len(rows) == 2
   for r in rows:
