@@ -25,7 +25,7 @@ from rlrag_jax import evaluation, runlog
 from rlrag_jax.data.pipeline import BatchIterator
 from rlrag_jax.models import DecoderLM, LM, ModelConfig, hf_io, init_params, load_hf, save_hf
 from rlrag_jax.rollout.batch import logits_start, pack
-from rlrag_jax.training import aux_models, collection, learners
+from rlrag_jax.training import aux_models, collection, compiles, learners
 from rlrag_jax.rollout.policy import Policy
 from rlrag_jax.tasks import get_task
 
@@ -200,6 +200,7 @@ def run(config, *, resume: bool = False, progress: bool = True,
 
   bar = _progress(sft_total + rl_total, step, progress)
   t_start = time.time()
+  compile_counter = compiles.CompileCounter()     # compile/count and compile/seconds per step
 
   # ---- SFT warm-up
   while stage == "sft" and step < sft_total:
@@ -217,11 +218,13 @@ def run(config, *, resume: bool = False, progress: bool = True,
                  bucket=config.sft.pack_bucket, prompt_loss=config.sft.get("prompt_loss", 0.0))
     start = logits_start(batch["loss_mask"], config.sft.pack_bucket)
     state, m = steps.sft_step(state, sharding.shard_batch(batch, mesh), start)
+    m = {**m, **compile_counter.take()}
     _log_step(rlog, step, "sft", m, config.log_every, bar)
     if config.checkpoint.every and step % config.checkpoint.every == 0:
       save(step, "sft")
     if stop_after is not None and step >= stop_after:
       ckpt.close()
+      compile_counter.close()
       return None
 
   # ---- switch to RL: the warm-up policy is the reference and the "before" baseline
@@ -258,6 +261,7 @@ def run(config, *, resume: bool = False, progress: bool = True,
     m["rollout_s"] = rollout_s
     m["step_s"] = time.time() - t0
     m.update({f"dynamic/{k}": v for k, v in fill.items()})
+    m.update(compile_counter.take())
     _log_step(rlog, step, "rl", m, config.log_every, bar)
     if (config.eval.every and (step - sft_total) % config.eval.every == 0
         and step < sft_total + rl_total):        # the last step gets the "after RL" eval
@@ -267,12 +271,16 @@ def run(config, *, resume: bool = False, progress: bool = True,
       save(step, "rl")
     if stop_after is not None and step >= stop_after:
       ckpt.close()
+      compile_counter.close()
       return None
   if bar is not None:
     bar.close()
   if config.checkpoint.every and ckpt.latest_step() != step:
     save(step, "rl")
   ckpt.close()
+  compile_counter.close()
+  log.info("XLA compiles over the run: %d (%.1f s)", compile_counter.count,
+           compile_counter.seconds)
 
   after = _evaluate(task, eval_policy.with_params(state.params), eval_examples, config, "after RL")
   rlog.write(step, "eval_after", after["all"])

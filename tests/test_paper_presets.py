@@ -127,7 +127,8 @@ def test_paper_preset_rl_step_moves_params_under_a_varying_reward(name, arch, tm
     task.report = lambda *a, **k: None          # the method's report reads real reward keys
     return task
 
-  real_adv = trainer.adv_lib.group_advantages
+  from rlrag_jax.training import learners
+  real_adv = learners.adv_lib.group_advantages
 
   def recording_adv(*a, **kw):
     out = real_adv(*a, **kw)
@@ -135,7 +136,7 @@ def test_paper_preset_rl_step_moves_params_under_a_varying_reward(name, arch, tm
     return out
 
   monkeypatch.setattr(trainer, "get_task", stub_task)
-  monkeypatch.setattr(trainer.adv_lib, "group_advantages", recording_adv)
+  monkeypatch.setattr(learners.adv_lib, "group_advantages", recording_adv)
   monkeypatch.setattr(trainer, "_evaluate", lambda *a, **k: {"all": {"n": 0}, "rows": []})
   res = trainer.run(c, progress=False)
   assert len(seen) == 1 and np.abs(seen[0]).max() > 0, seen

@@ -54,7 +54,9 @@ def test_resume_after_kill_repeats_the_uninterrupted_run(tmp_path):
   resumed = trainer.run(tiny_config(tmp_path / "killed"), progress=False, resume=True)
   for a, b in zip(_leaves(full.params), _leaves(resumed.params)):
     np.testing.assert_array_equal(a, b)
-  strip = lambda rows: [{k: v for k, v in r.items() if not k.endswith("_s")} for r in rows]
+  # Timings and compile counts differ between processes; everything else must not.
+  strip = lambda rows: [{k: v for k, v in r.items()
+                         if not k.endswith("_s") and not k.startswith("compile/")} for r in rows]
   assert strip(_rows(tmp_path / "full")) == strip(_rows(tmp_path / "killed"))
   assert full.after == resumed.after
 

@@ -8,7 +8,9 @@ Three ways, in order of precedence:
       DAPO: groups whose `rl.dynamic_sampling_key` reward does not vary are dropped and fresh
       prompts drawn (`rl.fill_groups`, bounded tries). When tries run out, the batch is padded
       back to its fixed size with dropped groups whose loss masks are zeroed, so the update's
-      shapes never change and the padding adds nothing to the loss.
+      shapes never change and the padding adds nothing to the loss. When no group at all was
+      kept, the last draw is trained on as drawn (its advantages come from the total reward,
+      which may vary where the sampling key did not).
   otherwise
       one rollout of `rl.prompts_per_step` prompts x `rl.group_size` samples.
 
@@ -78,7 +80,9 @@ def collect(task, policy, rl_iter, key, config, step) -> tuple:
   res = dynamic_sampling.fill_groups(sample_fn, want, int(rl.dynamic_max_tries))
   kept = list(res.groups)
   padded = 0
-  if len(kept) < want:
+  if not kept:       # every group flat: train on the last draw as drawn (a full batch)
+    kept = drawn[-want:]
+  elif len(kept) < want:
     kept_ids = {id(grp) for grp in kept}
     for grp in drawn:
       if len(kept) == want:

@@ -93,3 +93,15 @@ def test_token_rewards_land_on_their_completion_tokens():
   with pytest.raises(ValueError, match="must group all of them"):
     learners._group_keys([Episode(None, [1], [2], [1], "", {"group": 1}),
                           Episode(None, [1], [2], [1], "")])
+
+
+def test_dynamic_sampling_with_every_group_flat_trains_on_the_last_draw():
+  draws = iter([[_ep("p", 1.0), _ep("p", 1.0), _ep("q", 0.0), _ep("q", 0.0)],
+                [_ep("r", 2.0), _ep("r", 2.0), _ep("s", 0.0), _ep("s", 0.0)]])
+  task = types.SimpleNamespace(rollout=lambda policy, exs, key, group_size: next(draws),
+                               reward=lambda e, step: {"total": e.info["value"]})
+  c = _config(dynamic_sampling=True, dynamic_max_tries=2)
+  eps, _, fill = collection.collect(task, None, itertools.repeat(["x", "y"]),
+                                    jax.random.PRNGKey(0), c, 1)
+  assert [e.example for e in eps] == ["r", "r", "s", "s"]
+  assert all(sum(e.loss_mask) == 2 for e in eps) and fill["padded_groups"] == 0.0
