@@ -267,6 +267,10 @@ def run(config, *, resume: bool = False, progress: bool = True,
         and step < sft_total + rl_total):        # the last step gets the "after RL" eval
       mid = _evaluate(task, eval_policy.with_params(state.params), eval_examples, config, "eval")
       rlog.write(step, "eval", mid["all"])
+      # Per-example rows of this evaluation too (paired comparisons against a mid-run point,
+      # e.g. the end of a reward stage): eval_rows_rl<k>.json, k = RL steps done.
+      (workdir / f"eval_rows_rl{step - sft_total}.json").write_text(json.dumps(
+          {"all": mid["all"], "rows": _slim(mid["rows"])}))
     if config.checkpoint.every and step % config.checkpoint.every == 0:
       save(step, "rl")
     if stop_after is not None and step >= stop_after:
@@ -382,9 +386,8 @@ def _report(workdir, rlog, before, after, seconds):
        "after_by_dataset": {k: v for k, v in after.items() if k.startswith("dataset=")},
        "minutes": seconds / 60}, indent=2))
   # Per-example results (for paired comparisons across runs, e.g. experiments.seeds).
-  slim = lambda rows: [{k: v for k, v in r.items() if k != "completion"} for r in rows]
   (workdir / "eval_rows.json").write_text(json.dumps(
-      {"before": slim(before["rows"]) if before else [], "after": slim(after["rows"])}))
+      {"before": _slim(before["rows"]) if before else [], "after": _slim(after["rows"])}))
   rl_rows = rlog.rows("rl")
   reward_keys = sorted({k for r in rl_rows for k in r if k.startswith("reward/")},
                        key=lambda k: (k != "reward/total", k))
@@ -393,6 +396,10 @@ def _report(workdir, rlog, before, after, seconds):
   sft_rows = rlog.rows("sft")
   runlog.plot_curves(sft_rows, ["loss"], workdir / "sft_curves.png", title="SFT")
   print(table)
+
+
+def _slim(rows) -> list:
+  return [{k: v for k, v in r.items() if k != "completion"} for r in rows]
 
 
 def load_trained(path, step: Optional[int] = None) -> LM:

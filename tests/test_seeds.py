@@ -89,3 +89,23 @@ def test_cli_resumes_compares_arms_and_writes_outputs(tmp_path, monkeypatch):
   assert seeds.main(argv) == 0 and len(calls) == 4         # resumed: nothing rerun
   with pytest.raises(SystemExit):
     seeds.main(["--config=x", f"--out={out}", "--bogus=1"])
+
+
+def test_mid_run_points_pair_against_a_stage_boundary(tmp_path):
+  # A run evaluated after 10 RL steps too: compare warm-up -> rl10 and rl10 -> final.
+  wd = tmp_path / "s0"
+  _fake_run(wd, [0, 0, 0, 1], [1, 1, 0, 1])
+  (wd / "eval_rows_rl10.json").write_text(json.dumps(
+      {"all": {"em": 0.25, "rc": 2.0}, "rows": _rows([0, 1, 0, 0])}))
+  first = seeds.load_run(wd, "warmup", "rl10")
+  second = seeds.load_run(wd, "rl10", "final")
+  assert first["after"]["em"] == 0.25 and second["before"]["em"] == 0.25
+  assert seeds.pair_rows(first["rows"]["before"], first["rows"]["after"], "em") == [0, 1, 0, -1]
+  assert seeds.pair_rows(second["rows"]["before"], second["rows"]["after"], "em") == [1, 0, 0, 1]
+  text = seeds.write_markdown(seeds.summarise({"main": {0: second}}, 100), tmp_path / "m.md",
+                              "t", "rl10", "final")
+  assert "| metric | after 10 RL steps | after RL |" in text
+  with pytest.raises(FileNotFoundError, match="no evaluation after 20 RL steps"):
+    seeds.load_run(wd, "rl20", "final")
+  with pytest.raises(ValueError, match="evaluation point 'mid'"):
+    seeds.load_run(wd, "mid", "final")

@@ -65,14 +65,18 @@ def test_run_writes_report_and_exports_a_transformers_checkpoint(tmp_path):
   torch = pytest.importorskip("torch")
   transformers = pytest.importorskip("transformers")
   work = tmp_path / "run"
-  res = trainer.run(tiny_config(work), progress=False)
+  config = tiny_config(work)
+  config.eval.every = 2                 # a mid-run evaluation after RL step 2 of 4
+  res = trainer.run(config, progress=False)
   for name in ("metrics.jsonl", "eval_table.txt", "eval_summary.json", "rl_curves.png",
-               "sft_curves.png", "eval_rows.json"):
+               "sft_curves.png", "eval_rows.json", "eval_rows_rl2.json"):
     assert (work / name).exists(), name
   per_example = json.loads((work / "eval_rows.json").read_text())
   assert len(per_example["before"]) == len(per_example["after"]) == res.after["all"]["n"]
   assert {r["id"] for r in per_example["before"]} == {r["id"] for r in per_example["after"]}
   assert all("em" in r and "completion" not in r for r in per_example["after"])
+  mid = json.loads((work / "eval_rows_rl2.json").read_text())
+  assert len(mid["rows"]) == res.after["all"]["n"] and "em" in mid["all"]
   assert list((work / "tb").iterdir()), "no TensorBoard event file"
   stages = {r["stage"] for r in _rows(work)}
   assert {"sft", "rl", "eval_before", "eval_after"} <= stages

@@ -106,11 +106,35 @@ def run_all(jobs: list, parallel: int = 1, runner=None) -> list:
 
 
 # ------------------------------------------------------------------------------- summary
-def load_run(workdir: pathlib.Path) -> dict:
+POINTS_HELP = ("'warmup' (before RL), 'final' (after RL) or 'rlK' (the evaluation after K RL "
+               "steps, e.g. rl10; needs eval.every to hit K)")
+
+
+def _point(workdir: pathlib.Path, point: str, summary: dict, rows: dict) -> tuple:
+  """(metrics, per-example rows) of one evaluation point of a run."""
+  if point == "warmup":
+    return summary.get("before"), rows["before"]
+  if point == "final":
+    return summary["after"], rows["after"]
+  if point.startswith("rl") and point[2:].isdigit():
+    p = workdir / f"eval_rows_{point}.json"
+    if not p.exists():
+      raise FileNotFoundError(f"{p}: no evaluation after {point[2:]} RL steps in this run "
+                              "(set eval.every so that it evaluates there)")
+    mid = json.loads(p.read_text())
+    return mid["all"], mid["rows"]
+  raise ValueError(f"evaluation point {point!r}: expected {POINTS_HELP}")
+
+
+def load_run(workdir: pathlib.Path, before: str = "warmup", after: str = "final") -> dict:
+  """A finished run's metrics and per-example rows at two evaluation points (default: the
+  warm-up and the end of RL), under the keys 'before' and 'after'."""
   summary = json.loads((workdir / "eval_summary.json").read_text())
   rows = json.loads((workdir / "eval_rows.json").read_text())
-  return {"before": summary.get("before"), "after": summary["after"],
-          "minutes": summary.get("minutes"), "rows": rows}
+  b_metrics, b_rows = _point(workdir, before, summary, rows)
+  a_metrics, a_rows = _point(workdir, after, summary, rows)
+  return {"before": b_metrics, "after": a_metrics, "minutes": summary.get("minutes"),
+          "rows": {"before": b_rows, "after": a_rows}}
 
 
 def summarise(runs: dict, resamples: int = 2000) -> dict:
@@ -159,12 +183,21 @@ def _pm(ms) -> str:
   return f"{ms[0]:.3f} ± {ms[1]:.3f}"
 
 
-def write_markdown(summary: dict, path: pathlib.Path, title: str) -> str:
+POINT_NAMES = {"warmup": "warm-up (before RL)", "final": "after RL"}
+
+
+def _point_name(point: str) -> str:
+  return POINT_NAMES.get(point, f"after {point[2:]} RL steps" if point.startswith("rl")
+                         else point)
+
+
+def write_markdown(summary: dict, path: pathlib.Path, title: str, before: str = "warmup",
+                   after: str = "final") -> str:
   lines = [f"# {title}", ""]
   for arm, st in summary["arms"].items():
     lines += [f"## {arm}: seeds {', '.join(map(str, st['seeds']))}"
               + (f"; {_pm(st['minutes'])} min per seed" if st["minutes"] else ""), "",
-              "| metric | warm-up (before RL) | after RL | gain (after - before) | "
+              f"| metric | {_point_name(before)} | {_point_name(after)} | gain (after - before) | "
               "paired bootstrap 95% CI of the gain | gain > 0 on every seed |",
               "|---|---|---|---|---|---|"]
     for m, e in st["metrics"].items():
@@ -238,6 +271,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   parser.add_argument("--out", required=True)
   parser.add_argument("--parallel", type=int, default=1)
   parser.add_argument("--resamples", type=int, default=2000)
+  parser.add_argument("--before", default="warmup", help="the baseline point: " + POINTS_HELP)
+  parser.add_argument("--after", default="final", help="the compared point: " + POINTS_HELP)
+  parser.add_argument("--plot", default="em,f1,format,relevance,reward/total",
+                      help="comma-separated metrics to plot (eval metrics or reward/… curves)")
+  parser.add_argument("--name", default="seeds",
+                      help="output stem: DIR/<name>.json, .md, .png (e.g. one per pair of points)")
   parser.add_argument("--arm", action="append", default=[],
                       help="NAME=FLAGS: a comparison arm (give two); FLAGS are train flags")
   args, passthrough = parser.parse_known_args(argv)
@@ -267,17 +306,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   for a, s, rc in failed:
     print(f"seeds: {a} seed {s} failed (exit {rc}); see {run_dir(out, a, s) / 'train.log'}",
           file=sys.stderr)
-  runs = {arm: {s: load_run(run_dir(out, arm, s)) for s in seeds if is_done(run_dir(out, arm, s))}
+  runs = {arm: {s: load_run(run_dir(out, arm, s), args.before, args.after) for s in seeds
+                if is_done(run_dir(out, arm, s))}
           for arm in arms}
   summary = summarise(runs, args.resamples)
-  (out / "seeds.json").write_text(json.dumps(
+  (out / f"{args.name}.json").write_text(json.dumps(
       {"config": args.config, "overrides": passthrough, "arms": {a: f for a, f in arms.items()},
-       "seeds": seeds, "runs": {a: {str(s): r for s, r in by.items()} for a, by in runs.items()},
+       "seeds": seeds, "points": [args.before, args.after], "runs": {a: {str(s): r for s, r in by.items()} for a, by in runs.items()},
        "summary": summary}, indent=1))
-  print(write_markdown(summary, out / "seeds.md",
+  print(write_markdown(summary, out / f"{args.name}.md",
                        f"{args.config} over seeds {args.seeds}"
-                       + (f" ({' '.join(passthrough)})" if passthrough else "")))
-  plot_curves({a: {s: run_dir(out, a, s) for s in seeds} for a in arms}, out / "seeds.png")
+                       + (f" ({' '.join(passthrough)})" if passthrough else ""),
+                       args.before, args.after))
+  plot_curves({a: {s: run_dir(out, a, s) for s in seeds} for a in arms}, out / f"{args.name}.png",
+              metrics=args.plot.split(","))
   return 1 if failed else 0
 
 
