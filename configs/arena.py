@@ -86,16 +86,22 @@ def base_config() -> ml_collections.ConfigDict:
 def get_config(arg: str = ""):
   c = base_config()
   if arg in ("", "default", "cpu"):
-    c.data.world = config_base.world_config()
+    # The search agent's smaller world (860 passages): a from-scratch model meets each name
+    # often enough to learn to copy it. Seed 0, 400 SFT steps: warm-up EM 0.16 here, 0.06 on
+    # the project-default world (1000 people); with sft.prompt_loss 0.24 (0.085 on the default).
+    c.data.world = config_base.world_config(
+        num_countries=12, num_cities=48, num_people=320, num_orgs=80, num_films=200,
+        num_books=200, num_questions=2400)
     c.data.max_contexts = 3
     c.data.prompt_style = "compact"     # a from-scratch model gains nothing from a fixed preamble
     c.data.analysis_style = "chain"     # short gold analyses: completions fit 64 new tokens
     c.data.max_eval = 200
-    c.sft.steps = 300
+    c.sft.steps = 400
     c.sft.batch_size = 16
     c.sft.lr = 3e-3
     c.sft.pack_bucket = 32
-    c.rl.steps = 50
+    c.sft.prompt_loss = 0.3             # LM loss on the references too: its only pretraining
+    c.rl.steps = 60
     c.rl.prompts_per_step = 8
     c.rl.group_size = 8
     c.rl.lr = 1e-4
