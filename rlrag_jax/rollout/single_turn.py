@@ -15,13 +15,18 @@ def completion_ids(gen, row: int) -> list:
 
 
 def single_turn(policy, examples: Sequence, prompt_ids: Callable, decode: Callable, rng, *,
-                group_size: int = 1, greedy: bool = False) -> list:
-  """Returns list[Episode], group-major: example i's samples at [i*G, (i+1)*G)."""
-  prompts = []
-  for ex in examples:
-    ids = prompt_ids(ex)
-    prompts.extend([ids] * group_size)
-  gen = policy.sample(prompts, rng, greedy=greedy)
+                group_size: int = 1, greedy: bool = False, shared_prefill: bool = True) -> list:
+  """Returns list[Episode], group-major: example i's samples at [i*G, (i+1)*G).
+
+  With `shared_prefill` (default) each prompt is prefilled once and its KV rows forked to its G
+  samples; without, every sample prefills its own copy (the reference path).
+  """
+  unique = [prompt_ids(ex) for ex in examples]
+  prompts = [ids for ids in unique for _ in range(group_size)]
+  if shared_prefill and group_size > 1:
+    gen = policy.sample(unique, rng, greedy=greedy, group_size=group_size)
+  else:
+    gen = policy.sample(prompts, rng, greedy=greedy)
   episodes = []
   for row, p in enumerate(prompts):
     ex = examples[row // group_size]

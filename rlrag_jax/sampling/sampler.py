@@ -242,14 +242,19 @@ def decode(config: ModelConfig, params, tokens, active, cache):
 
 # --------------------------------------------------------------------------- the fused loop
 @functools.partial(jax.jit, static_argnames=("config", "mode", "max_new", "early_exit",
-                                             "packed_decode"))
+                                             "packed_decode", "group"))
 def _generate_jit(params, ids, mask, rng, row_max, temperature, top_p, eos_ids, stop_table,
                   stop_valid, pad_id, *, config: ModelConfig, mode: SamplingMode, max_new: int,
-                  early_exit: bool = True, packed_decode: bool = True):
-  b, p = ids.shape
+                  early_exit: bool = True, packed_decode: bool = True, group: int = 1):
+  unique, p = ids.shape
+  b = unique * group
   n = max_new
-  cache = init_cache(config, b, p + n)
+  cache = init_cache(config, unique, p + n)
   logits, cache = _prefill_impl(config, params, ids, mask, cache)
+  if group > 1:      # one prefill per distinct prompt; its rows forked to the group's samples
+    fork = lambda x: jnp.repeat(x, group, axis=0) if x.ndim else x
+    cache = jax.tree_util.tree_map(fork, cache)
+    logits = fork(logits)
   if packed_decode:
     packed = fast_decode.pack_params(config, params)
     decode_fn = lambda tok, active, cache: fast_decode.decode_step(config, packed, tok, active,
@@ -413,7 +418,7 @@ def generate_with_params(config: ModelConfig, params, prompt_ids, *, max_new_tok
                          pad_id: int = 0, tokenizer=None, prompt_lengths=None,
                          batch_multiple: int = 1, early_exit: bool = True,
                          packed_decode: bool = True,
-                         prompt_length: Optional[int] = None) -> Generation:
+                         prompt_length: Optional[int] = None, group_size: int = 1) -> Generation:
   """Samples one continuation per prompt for a (config, params) pair; see `generate`.
 
   Extra options: `tokenizer` encodes string stops and supplies the EOS default when `eos_ids` is
@@ -421,14 +426,20 @@ def generate_with_params(config: ModelConfig, params, prompt_ids, *, max_new_tok
   batch with dummy rows to a multiple (fewer compiled programs when the batch size varies, as in
   the multi-turn loop); `early_exit=False` runs all max_new_tokens steps (benchmarking);
   `prompt_length` left-pads the prompts to that width instead of the bucketed longest (callers
-  with a coarser bucket of their own, such as the multi-turn loop, compile fewer programs).
+  with a coarser bucket of their own, such as the multi-turn loop, compile fewer programs);
+  `group_size=G` samples G continuations of each prompt from ONE prefill of it (its KV rows
+  forked), rows prompt-major: prompt i's samples at [i*G, (i+1)*G).
   """
+  if int(group_size) != group_size or group_size < 1:
+    raise ValueError(f"group_size must be a positive integer; got {group_size}")
+  group_size = int(group_size)
   if int(max_new_tokens) != max_new_tokens or max_new_tokens < 1:
     raise ValueError(f"max_new_tokens must be a positive integer; got {max_new_tokens}")
   max_new_tokens = int(max_new_tokens)
   mode = sampling_mode(temperature, top_k, top_p, config.vocab_size)
   ids, mask = left_pad(prompt_ids, pad_id, prompt_lengths, prompt_length)
-  b = ids.shape[0]
+  unique = ids.shape[0]
+  b = unique * group_size
   row_max = np.full((b,), max_new_tokens, np.int32)
   if max_new_tokens_per_row is not None:
     per_row = np.asarray(max_new_tokens_per_row).reshape(-1)
@@ -437,20 +448,20 @@ def generate_with_params(config: ModelConfig, params, prompt_ids, *, max_new_tok
     if np.any(per_row < 0):
       raise ValueError(f"max_new_tokens_per_row must be >= 0; got {per_row.tolist()}")
     row_max = np.minimum(row_max, per_row.astype(np.int32))
-  if batch_multiple > 1 and b % batch_multiple:
-    extra = batch_multiple - b % batch_multiple
+  if batch_multiple > 1 and unique % batch_multiple:
+    extra = batch_multiple - unique % batch_multiple      # dummy prompts (their G rows unused)
     ids = np.concatenate([ids, np.full((extra, ids.shape[1]), pad_id, np.int32)])
     dummy_mask = np.zeros((extra, ids.shape[1]), np.bool_)
     dummy_mask[:, -1] = True
     mask = np.concatenate([mask, dummy_mask])
-    row_max = np.concatenate([row_max, np.zeros((extra,), np.int32)])
+    row_max = np.concatenate([row_max, np.zeros((extra * group_size,), np.int32)])
   eos = _eos_array(default_eos_ids(config, tokenizer) if eos_ids is None else eos_ids)
   table, valid = stop_lib.stop_table(stop_lib.normalize_stops(stop, tokenizer))
   out = _generate_jit(params, ids, mask, _as_key(rng), row_max,
                       np.float32(temperature if temperature > 0 else 1.0), np.float32(top_p),
                       eos, table, valid, np.int32(pad_id), config=config, mode=mode,
                       max_new=bucket_length(max_new_tokens), early_exit=early_exit,
-                      packed_decode=packed_decode)
+                      packed_decode=packed_decode, group=group_size)
   out = jax.device_get(out)
   n = max_new_tokens
   reason = out["reason"][:b]

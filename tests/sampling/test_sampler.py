@@ -200,6 +200,29 @@ def test_array_prompts_with_lengths_and_batch_padding(tiny_qwen):
   assert b.tokens.shape == (3, 6)
 
 
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_group_shared_prefill_matches_per_sample_prefill(tiny_qwen, temperature):
+  # G samples of each prompt from one prefill (KV rows forked) against G prefills of copies.
+  lm, _, _ = tiny_qwen
+  prompts = _prompts([6, 3, 9], lm.config.vocab_size, seed=11)
+  kw = dict(max_new_tokens=8, temperature=temperature, rng=jax.random.PRNGKey(5), eos_ids=(2,))
+  shared = generate_with_params(lm.config, lm.params, prompts, group_size=4, **kw)
+  copies = generate_with_params(lm.config, lm.params, [p for p in prompts for _ in range(4)],
+                                **kw)
+  assert shared.tokens.shape == copies.tokens.shape == (12, 8)
+  np.testing.assert_array_equal(shared.tokens, copies.tokens)
+  np.testing.assert_array_equal(shared.lengths, copies.lengths)
+  np.testing.assert_allclose(shared.model_logprobs, copies.model_logprobs, atol=1e-5)
+  if temperature > 0:        # the G samples of one prompt differ (different rows, one key)
+    assert len({tuple(r) for r in shared.tokens[:4]}) > 1
+  # Dummy padding prompts fork too, and their rows are dropped.
+  padded = generate_with_params(lm.config, lm.params, prompts, group_size=4, batch_multiple=4,
+                                **kw)
+  np.testing.assert_array_equal(padded.tokens, shared.tokens)
+  with pytest.raises(ValueError, match="group_size must be a positive integer"):
+    generate_with_params(lm.config, lm.params, prompts, group_size=0, **kw)
+
+
 def test_prefill_and_decode_blocks_match_generate(tiny_qwen):
   lm, ref, _ = tiny_qwen
   cfg = lm.config
