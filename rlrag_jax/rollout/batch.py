@@ -1,6 +1,7 @@
 """Packing prompts + completions into the token batches the RL and SFT steps consume.
 
-Layout (every row the same length T, a multiple of `bucket`):
+Layout (every row the same length T: a multiple of `bucket`, coarser for long rows, see
+`geometric_round`, so that a run compiles its update for a bounded set of lengths):
 
   input_ids       [B, T]  left-padded prompt, then the completion, then right padding
   attention_mask  [B, T]  1 on real tokens
@@ -20,6 +21,20 @@ import numpy as np
 
 def round_up(n: int, bucket: int) -> int:
   return max(bucket, -(-n // bucket) * bucket)
+
+
+def geometric_round(n: int, unit: int, per_octave: int = 8) -> int:
+  """Rounds n up to a multiple of `unit`, coarser as n grows: multiples of `unit` up to
+  2 * per_octave * unit, then of unit * 2^k, keeping at most ~per_octave sizes per doubling.
+  Every length a run meets maps to a bounded set of sizes (compiled programs): ~per_octave *
+  log2(max / (2 * per_octave * unit)) beyond the 2 * per_octave linear ones."""
+  if unit < 1 or per_octave < 1:
+    raise ValueError(f"geometric_round: unit and per_octave must be >= 1; got {unit}, "
+                     f"{per_octave}")
+  step = unit
+  while n > step * per_octave * 2:
+    step *= 2
+  return round_up(n, step)
 
 
 def pack(prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]],
@@ -56,7 +71,7 @@ def pack(prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]],
       prompts[i] = prompts[i][-room:]
   p_len = max((len(p) for p in prompts), default=1)
   c_len = max((len(c) for c in completions), default=0)
-  total = round_up(p_len + c_len, bucket)
+  total = geometric_round(p_len + c_len, bucket)
   b = len(prompts)
   ids = np.full((b, total), pad_id, np.int32)
   attn = np.zeros((b, total), np.int32)
@@ -89,8 +104,8 @@ def pad_rows(batch: dict, multiple: int) -> tuple:
 def logits_start(loss_mask, bucket: int = 16, align: int = 8) -> int:
   """The train steps' static `logits_start` for a packed batch [B, T]: logits are then computed
   for positions logits_start..T-2 only. Their count spans from the position before the first
-  loss token (in any row) to T - 2, rounded up to a multiple of `bucket` so that batches of
-  similar layouts share one compiled program; the start is then moved down to a multiple of
+  loss token (in any row) to T - 2, rounded up by `geometric_round(., bucket)` so that batches
+  of similar layouts share one compiled program; the start is then moved down to a multiple of
   `align` (on XLA:CPU a slice at an odd column cost the arena-sized update 4%, an aligned one
   nothing). No position before the start predicts a loss token. 0 when nothing is masked in.
   """
@@ -103,5 +118,5 @@ def logits_start(loss_mask, bucket: int = 16, align: int = 8) -> int:
   if cols.size == 0:
     return 0
   width = m.shape[1]
-  keep = round_up(width - max(int(cols[0]), 1), bucket)   # predictors of cols[0]..T-1
+  keep = geometric_round(width - max(int(cols[0]), 1), bucket)   # predictors of cols[0]..T-1
   return max(width - 1 - keep, 0) // align * align
