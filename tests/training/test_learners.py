@@ -8,7 +8,7 @@ import pytest
 
 from configs import arena
 from rlrag_jax import trainer
-from rlrag_jax.models import ModelConfig, sharding
+from rlrag_jax.models import ModelConfig, init_params, sharding
 from rlrag_jax.rollout.batch import logits_start, pack
 from rlrag_jax.tasks import Episode
 from rlrag_jax.training import learners
@@ -62,7 +62,7 @@ def test_ppo_update_uses_hand_computed_gae_and_value_loss():
   steps = trainer.Steps(c, CFG, mesh, 0, 3)
   learner = learners.make_learner(c, steps, mesh, CFG, pad_id=0)
   assert isinstance(learner, learners.PPOLearner)
-  params = trainer.init_params(steps.module, jax.random.PRNGKey(0))
+  params = init_params(steps.module, jax.random.PRNGKey(0))
   state = steps.new_state(params, "rl")
   critic = learner.init_critic(state.params, jax.random.PRNGKey(3))
   # The critic starts from the policy's backbone.
@@ -107,7 +107,7 @@ def test_ppo_mini_batches_visit_every_episode_once_per_epoch():
     return state, {"loss": 0.0}
   steps.rl_step = fake_step
   learner.value_step = lambda st, batch, start: (st, {"loss": 0.0})
-  params = trainer.init_params(steps.module, jax.random.PRNGKey(0))
+  params = init_params(steps.module, jax.random.PRNGKey(0))
   state = steps.new_state(params, "rl")
   critic = learner.init_critic(state.params, jax.random.PRNGKey(1))
   eps = _episodes()

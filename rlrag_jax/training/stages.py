@@ -1,0 +1,278 @@
+"""Training stages over one run context: each owns its loop, its data iterator and its evaluations.
+
+`config.stages` lists them in order (default ('sft', 'rl')); a stage with `<name>.steps` = 0 is
+skipped. Steps are counted globally (SFT 1..S, then RL S+1..S+R), every step's randomness is
+`fold_in(seed_key, step)`, and the iterators' positions are checkpointed, so a resumed run
+repeats exactly the steps an uninterrupted one takes.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import pathlib
+import time
+from typing import Any, Callable, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rlrag_jax.data.pipeline import BatchIterator
+from rlrag_jax.models import sharding
+from rlrag_jax.rollout.batch import logits_start, pack
+from rlrag_jax.training import collection, report
+
+log = logging.getLogger("rlrag_jax.trainer")
+
+
+class Stopped(Exception):
+  """Raised after global step `stop_after`: the run is abandoned as a killed process is."""
+
+
+@dataclasses.dataclass
+class Run:
+  """Everything one training run holds; stages read and advance it."""
+  config: Any
+  task: Any
+  workdir: pathlib.Path
+  model_cfg: Any
+  mesh: Any
+  steps: Any                   # training.steps.Steps
+  learner: Any                 # training.learners.*Learner
+  ckpt: Any
+  rlog: Any
+  policy: Any
+  eval_policy: Any
+  eval_examples: list
+  iterators: dict              # stage name -> BatchIterator | None
+  evaluate_fn: Callable        # (task, policy, examples, config, desc) -> evaluation dict
+  base_key: Any
+  pad: int
+  stop_after: Optional[int] = None
+  params: Any = None           # the initial params, until the first TrainState holds them
+  state: Any = None
+  ref_params: Any = None
+  critic: Any = None
+  before: Optional[dict] = None
+  step: int = 0
+  stage: str = "sft"
+  bar: Any = None
+  compiles: Any = None
+
+  @property
+  def sft_total(self) -> int:
+    return int(self.config.sft.steps)
+
+  @property
+  def rl_total(self) -> int:
+    return int(self.config.rl.steps)
+
+  def evaluate(self, desc: str) -> dict:
+    return self.evaluate_fn(self.task, self.eval_policy.with_params(self.state.params),
+                            self.eval_examples, self.config, desc)
+
+  def save(self, stage: str) -> None:
+    tree = {"train": self.state}
+    if self.steps.with_ref:
+      tree["ref"] = self.ref_params if self.ref_params is not None else self.state.params
+    if self.critic is not None:
+      tree["critic"] = self.critic
+    task = self.task
+    self.ckpt.save(
+        self.step, tree, rng=self.base_key, config=self.config.to_json_best_effort(),
+        data_position={**{name: it and it.state_dict() for name, it in self.iterators.items()},
+                       # a task's own growing state (e.g. a training pool built from its
+                       # rollouts), JSON, through optional state_dict / load_state_dict
+                       "task": task.state_dict() if hasattr(task, "state_dict") else None},
+        meta={"stage": stage, "before": self.before}, force=True)
+
+  def resume(self) -> bool:
+    """Restores the latest checkpoint, if any: state, reference, critic, data positions."""
+    if self.ckpt.latest_step() is None:
+      log.info("--resume: no checkpoint under %s, starting fresh", self.ckpt.directory)
+      return False
+    with_critic = self.learner.has_critic and self.ckpt.read_meta()["stage"] == "rl"
+    restored = self.ckpt.restore_latest(target=self.steps.checkpoint_target(
+        self.learner.abstract_critic() if with_critic else None))
+    self.step, self.stage = restored.step, restored.meta["stage"]
+    for name, it in self.iterators.items():
+      if it is not None and restored.data_position.get(name) is not None:
+        it.load_state_dict(restored.data_position[name])
+    self.before = restored.meta.get("before")
+    if restored.data_position.get("task") is not None:
+      self.task.load_state_dict(restored.data_position["task"])
+    self.state = restored.state["train"]
+    if self.stage == "rl":
+      self.ref_params = restored.state.get("ref")
+      self.critic = restored.state.get("critic")
+    self.rlog.truncate_after(self.step)
+    log.info("resumed from step %d (%s stage)", self.step, self.stage)
+    return True
+
+  def finish_step(self, stage: str, metrics: dict) -> None:
+    """Logs a step, saves on the interval, stops after `stop_after`."""
+    report.log_step(self.rlog, self.step, stage, metrics, self.config.log_every, self.bar)
+    if self.config.checkpoint.every and self.step % self.config.checkpoint.every == 0:
+      self.save(stage)
+    if self.stop_after is not None and self.step >= self.stop_after:
+      raise Stopped()
+
+
+# ------------------------------------------------------------------------------------ SFT
+class SFTStage:
+  """Supervised warm-up on the task's targets (or its `sft_samples`)."""
+  name = "sft"
+
+  def steps(self, config) -> int:
+    return int(config.sft.steps)
+
+  def enter(self, run: Run) -> None:
+    pass
+
+  def loop(self, run: Run, end: int) -> None:
+    config, task = run.config, run.task
+    it = run.iterators["sft"]
+    while run.stage == "sft" and run.step < end:
+      run.step += 1
+      exs = next(it)
+      if hasattr(task, "sft_samples"):       # items are already (prompt, target, mask) samples
+        prompts, targets, masks = (list(x) for x in zip(*exs))
+        masks = [m if m is not None else [1] * len(t) for m, t in zip(masks, targets)]
+      else:
+        prompts = [task.prompt_ids(ex) for ex in exs]
+        targets = [task.sft_target_ids(ex) for ex in exs]
+        masks = ([task.sft_loss_mask(ex) for ex in exs] if hasattr(task, "sft_loss_mask")
+                 else None)      # optional: 0 on target tokens the environment wrote
+      batch = pack(prompts, targets, masks, pad_id=run.pad, max_len=config.sft.max_len,
+                   bucket=config.sft.pack_bucket,
+                   prompt_loss=config.sft.get("prompt_loss", 0.0))
+      start = logits_start(batch["loss_mask"], config.sft.pack_bucket)
+      run.state, m = run.steps.sft_step(run.state, sharding.shard_batch(batch, run.mesh), start)
+      run.finish_step("sft", {**m, **run.compiles.take()})
+
+
+# ------------------------------------------------------------------------------------ RL
+class RLStage:
+  """RL on the task's rollouts: collection (training.collection), then the learner's update."""
+  name = "rl"
+
+  def steps(self, config) -> int:
+    return int(config.rl.steps)
+
+  def enter(self, run: Run) -> None:
+    """The switch from SFT: the warm-up policy is the reference and the "before" baseline."""
+    if run.stage == "sft":
+      run.stage = "rl"
+      if run.rl_total > 0:        # an SFT-only run is evaluated once, at the end
+        run.before = run.evaluate("before RL")
+        run.rlog.write(run.step, "eval_before", run.before["all"])
+      run.state = run.steps.new_state(run.state.params, "rl")
+    if run.ref_params is None and run.steps.with_ref:
+      run.ref_params = jax.tree_util.tree_map(jnp.copy, run.state.params)
+    if run.critic is None and run.learner.has_critic and run.rl_total > 0:
+      run.critic = run.learner.init_critic(run.state.params, jax.random.fold_in(run.base_key, 0))
+    if run.before is None and run.rl_total > 0:
+      run.before = run.evaluate("before RL")
+      run.rlog.write(run.step, "eval_before", run.before["all"])
+
+  def loop(self, run: Run, end: int) -> None:
+    config = run.config
+    while run.step < end:
+      run.step += 1
+      key = jax.random.fold_in(run.base_key, run.step)
+      t0 = time.time()
+      episodes, scores, fill = collection.collect(
+          run.task, run.policy.with_params(run.state.params), run.iterators["rl"], key, config,
+          run.step)
+      rollout_s = time.time() - t0
+      run.state, run.critic, m = run.learner.update(run.state, run.critic, episodes, scores,
+                                                    run.ref_params, jax.random.fold_in(key, 0))
+      for comp in scores[0]:
+        m[f"reward/{comp}"] = float(np.mean([s[comp] for s in scores]))
+      m["completion_len"] = float(np.mean([sum(e.loss_mask) for e in episodes]))
+      m["rollout_s"] = rollout_s
+      m["step_s"] = time.time() - t0
+      m.update({f"dynamic/{k}": v for k, v in fill.items()})
+      m.update(run.compiles.take())
+      done = run.step - run.sft_total
+      if config.eval.every and done % config.eval.every == 0 and run.step < end:
+        self._mid_eval(run, done, m)
+      else:
+        run.finish_step("rl", m)
+
+  def _mid_eval(self, run: Run, done: int, m: dict) -> None:
+    report.log_step(run.rlog, run.step, "rl", m, run.config.log_every, run.bar)
+    mid = run.evaluate("eval")
+    run.rlog.write(run.step, "eval", mid["all"])
+    # Per-example rows of this evaluation too (paired comparisons against a mid-run point,
+    # e.g. the end of a reward stage): eval_rows_rl<k>.json, k = RL steps done.
+    (run.workdir / f"eval_rows_rl{done}.json").write_text(json.dumps(
+        {"all": mid["all"], "rows": report.slim(mid["rows"])}))
+    if run.config.checkpoint.every and run.step % run.config.checkpoint.every == 0:
+      run.save("rl")
+    if run.stop_after is not None and run.step >= run.stop_after:
+      raise Stopped()
+
+
+STAGES = {"sft": SFTStage, "rl": RLStage}
+
+
+def plan(config) -> list:
+  """[(stage, last global step)] in `config.stages` order (default sft then rl)."""
+  names = tuple(config.get("stages", ("sft", "rl")))
+  unknown = [n for n in names if n not in STAGES]
+  if unknown or len(set(names)) != len(names):
+    raise ValueError(f"config key 'stages' is {names}; expected distinct names from "
+                     f"{tuple(STAGES)}")
+  out, end = [], 0
+  for n in names:
+    stage = STAGES[n]()
+    end += stage.steps(config)
+    out.append((stage, end))
+  return out
+
+
+# ------------------------------------------------------------------------------------ data
+def sft_samples(task, config) -> Optional[list]:
+  """With the optional `task.sft_samples(example) -> [(prompt_ids, target_ids, loss_mask or
+  None), ...]` hook (several SFT samples per example, e.g. one per agent role or turn), the
+  flattened samples of every training example; the SFT stage then batches samples, not
+  examples. None without the hook or when SFT does not run."""
+  if not hasattr(task, "sft_samples") or int(config.sft.steps) <= 0:
+    return None
+  out = []
+  for ex in task.train:
+    for i, sample in enumerate(task.sft_samples(ex)):
+      prompt, target, mask = sample
+      if mask is not None and len(mask) != len(target):
+        raise ValueError(f"{type(task).__name__}.sft_samples: example "
+                         f"{getattr(ex, 'id', ex)!r} sample {i}: loss mask has {len(mask)} "
+                         f"entries for {len(target)} target tokens")
+      out.append((list(prompt), list(target), None if mask is None else list(mask)))
+  return out
+
+
+def stage_iterators(train, config, sft_items=None) -> tuple[Optional[BatchIterator],
+                                                             Optional[BatchIterator]]:
+  """(SFT, RL) batch iterators over the training examples (SFT: over `sft_items` when given,
+  see `sft_samples`), each built only when its stage runs (steps > 0; else None). A training
+  set smaller than a stage's batch is an error naming that stage and its batch key; a stage
+  that does not run asks nothing of the data."""
+  out = []
+  for stage, batch_key, seed in (("sft", "batch_size", config.seed),
+                                 ("rl", "prompts_per_step", config.seed + 1)):
+    section = config[stage]
+    if int(section.steps) <= 0:
+      out.append(None)
+      continue
+    items = sft_items if stage == "sft" and sft_items is not None else train
+    batch = int(section[batch_key])
+    what = "SFT samples" if items is sft_items else "training examples"
+    if len(items) < batch:
+      raise ValueError(
+          f"{stage} stage: {len(items)} {what}, fewer than one batch "
+          f"(config key '{stage}.{batch_key}' = {batch}); lower it, add data, or set "
+          f"'{stage}.steps=0' to skip the stage")
+    out.append(BatchIterator(items, batch_size=batch, seed=seed))
+  return tuple(out)

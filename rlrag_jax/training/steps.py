@@ -1,0 +1,83 @@
+"""The model a run trains and the jitted pieces its loops call: SFT update, RL update, log-probs."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from rlrag_jax.models import DecoderLM, ModelConfig, init_params, load_hf
+from rlrag_jax.training import learners
+
+
+# ------------------------------------------------------------------------------------ model
+def build_model(config, tokenizer) -> tuple:
+  """(ModelConfig, params) from `config.model`: a fresh small model or an HF checkpoint."""
+  m = config.model
+  if m.init == "hf":
+    if not m.path:
+      raise ValueError("config key 'model.path' is empty but 'model.init' is 'hf'")
+    lm = load_hf(m.path, dtype=jnp.dtype(m.dtype).type, param_dtype=m.param_dtype,
+                 progress=True)
+    return lm.config.replace(remat=bool(m.remat),
+                             attention_block=int(m.attention_block)), lm.params
+  if m.init != "scratch":
+    raise ValueError(f"config key 'model.init' is {m.init!r}; expected 'scratch' or 'hf'")
+  eos = tokenizer.eos_token_id
+  cfg = ModelConfig(
+      vocab_size=_round_vocab(len(tokenizer)), hidden_size=m.hidden_size,
+      intermediate_size=m.intermediate_size, num_layers=m.num_layers, num_heads=m.num_heads,
+      num_kv_heads=m.num_kv_heads, head_dim=m.head_dim,
+      max_position_embeddings=m.max_position_embeddings, model_type="llama",
+      tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id,
+      eos_token_id=(eos,) if eos is not None else (), pad_token_id=tokenizer.pad_token_id,
+      dtype=m.dtype, param_dtype=m.param_dtype, remat=bool(m.remat),
+      attention_block=int(m.attention_block))
+  params = init_params(DecoderLM(cfg), jax.random.PRNGKey(config.seed))
+  return cfg, params
+
+
+def _round_vocab(n: int, multiple: int = 64) -> int:
+  return -(-n // multiple) * multiple
+
+
+# ------------------------------------------------------------------------------------ steps
+class Steps:
+  """The jitted pieces the loop calls, built once: SFT update, RL update, log-prob forward."""
+
+  def __init__(self, config, model_cfg: ModelConfig, mesh, sft_total: int, rl_total: int):
+    from rlrag_jax.rl import train_step as ts
+    self.ts = ts
+    self.module = DecoderLM(model_cfg)
+    self.mesh = mesh
+    rl = config.rl
+    self.sft_opt = ts.make_optimizer(ts.OptimizerConfig(
+        lr=config.sft.lr, schedule=config.sft.lr_schedule, warmup_ratio=config.sft.warmup_ratio,
+        total_steps=max(sft_total, 2),
+        weight_decay=config.sft.weight_decay, max_grad_norm=1.0))
+    self.rl_opt = ts.make_optimizer(ts.OptimizerConfig(
+        lr=rl.lr, schedule=rl.lr_schedule, warmup_ratio=rl.warmup_ratio,
+        total_steps=max(rl_total * learners.updates_per_step(rl), 2),
+        weight_decay=rl.weight_decay, max_grad_norm=rl.max_grad_norm))
+    self.loss_cfg = ts.LossConfig(
+        eps_low=rl.clip_eps_low, eps_high=rl.clip_eps_high, dual_clip=rl.dual_clip or None,
+        aggregation=rl.aggregation, max_completion_len=rl.max_new_tokens, beta=rl.kl_beta,
+        kl_estimator=rl.kl_estimator, temperature=rl.temperature)
+    self.sft_step = ts.make_sft_step(self.module, self.sft_opt, mesh)
+    self.rl_step = ts.make_policy_step(self.module, self.rl_opt, mesh, self.loss_cfg,
+                                       micro_batches=rl.micro_batches)
+    self.logp = ts.make_logprob_fn(self.module, mesh, temperature=rl.temperature,
+                                   micro_batches=rl.micro_batches)
+    self.with_ref = rl.kl_beta > 0
+
+  def new_state(self, params, stage: str):
+    opt = self.sft_opt if stage == "sft" else self.rl_opt
+    return self.ts.create_train_state(self.module, opt, self.mesh, params=params)
+
+  def checkpoint_target(self, critic=None):
+    """The saved pytree's abstract shape (with shardings), so restores land sharded; `critic`:
+    the learner's abstract critic state, for RL-stage checkpoints of a run with a critic."""
+    target = {"train": self.ts.abstract_train_state(self.module, self.rl_opt, self.mesh)}
+    if self.with_ref:
+      target["ref"] = target["train"].params
+    if critic is not None:
+      target["critic"] = critic
+    return target
