@@ -5,8 +5,10 @@
       --config.model.path=/path/to/Qwen2.5-7B-Instruct --config.data.dir=/path/to/data
 
 Presets (`get_config(arg)`):
-  ''              ours: a small model trained from scratch on the embedded world (compact prompt,
-                  SFT warm-up on our gold structured replies, then GRPO); minutes on a 2-core CPU.
+  ''              ours: a small model (1M params) trained from scratch on a small embedded world
+                  (compact prompt; 400 SFT steps on our gold structured replies with a 0.3-weight
+                  LM loss on the references, `sft.prompt_loss`; then 60 GRPO steps); about ten
+                  minutes on a 2-core CPU. Multi-seed results: docs/results/README.md.
   'paper'         the paper's protocol (Ren et al. 2025, sections 3-4 and appendices C-F):
                   Table 1 prompt; format + EM accuracy + relevance (1 / 0.5 / 0, ids read as a
                   JSON list) + bonus 10; GRPO with the k2 KL estimator; 7 generations at
