@@ -81,7 +81,7 @@ def build_checkpoint(size: str, out_dir, seed: int = 0) -> pathlib.Path:
   import transformers
   from rlrag_jax.generate import byte_level_tokenizer
   tok = byte_level_tokenizer()
-  cfg = transformers.Qwen2Config(max_position_embeddings=1024, tie_word_embeddings=False,
+  cfg = transformers.Qwen2Config(max_position_embeddings=4096, tie_word_embeddings=False,
                                  bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
                                  pad_token_id=tok.pad_token_id, **SIZES[size])
   torch.manual_seed(seed)
@@ -164,8 +164,11 @@ def bench_ours(ckpt: pathlib.Path, prompts: list, shape: Shape, steps: int, warm
   base_key = jax.random.PRNGKey(0)
   programs = lambda: (sampler._generate_jit._cache_size(), st.logp._cache_size(),
                       st.rl_step._cache_size())
+  from rlrag_jax.training.compiles import CompileCounter
+  counter = CompileCounter()
   out, before = [], None
   for i in range(warmup + steps):
+    counter.take()
     if i == warmup:
       before = programs()
     lo = (i * shape.prompts) % len(prompts)
@@ -192,8 +195,12 @@ def bench_ours(ckpt: pathlib.Path, prompts: list, shape: Shape, steps: int, warm
       raise RuntimeError(f"ours: completion lengths {sorted(lengths)}; expected exactly "
                          f"{shape.new_tokens} tokens per row")
     if i >= warmup:
-      out.append(dict(total=t4 - t0, cpu=c4 - c0, generate=t1 - t0, host=t2 - t1, ref=t3 - t2, update=t4 - t3,
-                      loss=m["loss"], kl=m["kl"]))
+      compiled = counter.take()
+      out.append(dict(total=t4 - t0, cpu=c4 - c0, generate=t1 - t0, host=t2 - t1, ref=t3 - t2,
+                      update=t4 - t3, loss=m["loss"], kl=m["kl"],
+                      compiles=compiled["compile/count"],
+                      compile_s=compiled["compile/seconds"]))
+  counter.close()
   recompiles = sum(a - b for a, b in zip(programs(), before))
   n_params = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(lm.params))
   return out, recompiles, n_params
@@ -291,7 +298,18 @@ def main(argv=None):
                   help="comma list: TRL runs once per torch thread count; the fastest is the "
                   "reference (on a loaded machine 2 threads can be many times slower than 1)")
   ap.add_argument("--no-reference", action="store_true", help="time only our step")
+  ap.add_argument("--variable-lengths", action="store_true",
+                  help="the variable-length case: 4 prompts x 4 of 64-1536 tokens (unless "
+                  "flags say otherwise), our side only, 12 timed steps; prints the XLA compiles "
+                  "of each timed step (bounded by the length buckets)")
   args = ap.parse_args(argv)
+  if args.variable_lengths:
+    args.no_reference = True
+    args.prompt_min = args.prompt_min or 64
+    args.prompt_max = args.prompt_max or 1536
+    args.prompts = args.prompts or 4
+    args.group = args.group or 4
+    args.steps = max(args.steps, 12)
   os.environ.setdefault("HF_HUB_OFFLINE", "1")
   os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
   os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -322,6 +340,8 @@ def main(argv=None):
             f"(median of {len(ours)}: {_list(ours)}); recompiles in timed steps: {recompiles}"
             + (" (timings include compiles: new prompt-length buckets; raise --warmup)"
                if recompiles else ""), flush=True)
+      print(f"[{size}] XLA compiles per timed step: {[int(r['compiles']) for r in ours]} "
+            f"({sum(r['compile_s'] for r in ours):.1f} s in all)", flush=True)
       print(f"[{size}] ours breakdown (median s): generate {_med(ours, 'generate'):.3f}, host "
             f"(decode + reward + advantages + pack) {_med(ours, 'host'):.3f}, reference log-probs "
             f"{_med(ours, 'ref'):.3f}, update {_med(ours, 'update'):.3f}", flush=True)
