@@ -67,7 +67,10 @@ Method-specific sections (the trainer reads the others):
   tool       top_k documents per search, max_turns (searches per episode), max_obs_tokens (per
              observation, closing tag kept), max_prompt_len (> 0: longer training prompts are
              left out, counted), max_total_len (prompt + completion), min_batch and
-             context_bucket (padding of the tool loop's generate calls: fewer compiled programs).
+             context_bucket (padding of the tool loop's generate calls: fewer compiled programs),
+             kv_reuse (keep each row's KV cache between turns and prefill only the new
+             observation, and prefill a GRPO group's prompt once; False re-prefills every
+             context each turn).
   retrieval  backend ('exact' | 'scann'), corpus ('' = the data source's own corpus, else a name
              in loaders.CORPORA or a JSONL path), encoder_path ('' = packaged MiniLM),
              cache_dir ('' = <workdir>/retriever).
@@ -109,7 +112,7 @@ def base_config() -> ml_collections.ConfigDict:
       use_search=True, use_answer=True))
   c.tool = ml_collections.ConfigDict(dict(
       top_k=5, max_turns=5, max_obs_tokens=600, max_total_len=4096, min_batch=8,
-      context_bucket=128, max_prompt_len=0))
+      context_bucket=128, max_prompt_len=0, kv_reuse=True))
   c.retrieval = ml_collections.ConfigDict(dict(
       backend="exact", corpus="", encoder_path="", cache_dir=""))
 
@@ -161,7 +164,7 @@ def get_config(arg: str = ""):
     # cases on the world, so a second one would only lengthen every sequence.
     c.tool = ml_collections.ConfigDict(dict(
         top_k=1, max_turns=5, max_obs_tokens=64, max_total_len=384, min_batch=16,
-        context_bucket=128))
+        context_bucket=128, kv_reuse=True))
     c.eval.every = 10                   # RL step 10 is the end of stage 1
     c.eval.num_examples = 240
     c.eval.max_new_tokens = 40
@@ -222,7 +225,7 @@ def _paper(c) -> None:
   c.reward.judge_model = "Qwen3-235B-A22B-Instruct"   # set reward.judge_url to its endpoint
   c.tool = ml_collections.ConfigDict(dict(
       top_k=5, max_turns=5, max_obs_tokens=4096, max_total_len=2048 + 16384, min_batch=8,
-      context_bucket=256, max_prompt_len=2048))
+      context_bucket=256, max_prompt_len=2048, kv_reuse=True))
   c.retrieval.backend = "scann"
   c.retrieval.corpus = "2wiki"        # the shared sample's corpus; point it at a full one
   c.eval.every = 30                   # "a validation check every 30 optimization steps"

@@ -2,8 +2,9 @@
 
 One call runs a whole batch of multi-turn episodes:
 
-  turn t:  every row that is still active is sampled in ONE jitted generate call (its context is
-           the prompt plus everything so far, re-prefilled), up to its own token budget;
+  turn t:  every row that is still active is sampled in ONE jitted generate call, up to its own
+           token budget; its KV cache is kept from the previous turn, so only the observation
+           just appended is prefilled (`kv_reuse`; or the whole context is re-prefilled);
            each row's turn ends at EOS, at a stop sequence (the tool call, e.g. '</search>') or at
            its length limit;
   then:    rows that ended at a stop sequence and still have tool calls left ask the environment;
@@ -120,7 +121,8 @@ def run_tool_loop(policy, prompts: Sequence[Sequence[int]], env, *, rng, tokeniz
                   max_turns: int, max_obs_tokens: int, max_total_len: int,
                   stop: Sequence = (), greedy: bool = False,
                   max_new_tokens: Optional[int] = None, min_batch: int = 8,
-                  context_bucket: int = 64) -> ToolLoopResult:
+                  context_bucket: int = 64, group_size: int = 1,
+                  kv_reuse: bool = True) -> ToolLoopResult:
   """Runs tool-interleaved episodes for a batch of prompts.
 
   Args:
@@ -139,6 +141,12 @@ def run_tool_loop(policy, prompts: Sequence[Sequence[int]], env, *, rng, tokeniz
     min_batch: the active rows of a turn are padded to a power of two >= this, and
     context_bucket: their contexts are left-padded to a multiple of this; both keep the number of
       compiled generate programs small as the active set shrinks and the contexts grow.
+    group_size: prompts come in runs of G identical rows (a GRPO group); the first turn prefills
+      each distinct prompt once and forks its KV rows (with kv_reuse and a policy that has
+      `contexts()`).
+    kv_reuse: keep the KV cache between turns (`sampling.CachedContexts`): a turn prefills only
+      the observation just appended, not the whole context. Needs a policy with `contexts()`;
+      False (or a policy without it) re-prefills every context each turn.
   """
   if max_turns < 0 or max_obs_tokens < 0:
     raise ValueError(f"run_tool_loop: max_turns ({max_turns}) and max_obs_tokens "
@@ -156,17 +164,34 @@ def run_tool_loop(policy, prompts: Sequence[Sequence[int]], env, *, rng, tokeniz
   turns = [[] for _ in range(n)]
   calls = [0] * n
   finish = [""] * n
+  g = int(group_size)
+  if g < 1 or n % g or any(prompts[i] != prompts[i - i % g] for i in range(n)):
+    raise ValueError(f"run_tool_loop: group_size={group_size} needs the prompts in runs of "
+                     f"{group_size} identical rows; got {n} prompts that are not")
+  ctx = policy.contexts() if kv_reuse and hasattr(policy, "contexts") else None
   active = list(range(n))
+  called = []                        # the rows of the previous turn, in its order
+  obs_new = [[] for _ in range(n)]   # observation tokens appended since the row's last turn
   t = 0
   while active:
     contexts = [prompts[i] + comp[i] for i in active]
-    room = [max_total_len - len(c) for c in contexts]
-    width = max(len(c) for c in contexts)
-    gen = policy.sample(contexts, jax.random.fold_in(rng, t), greedy=greedy,
-                        max_new_tokens=per_turn, stop=stops,
-                        max_new_tokens_per_row=np.minimum(room, per_turn),
-                        batch_multiple=_pow2(len(active), min_batch),
-                        prompt_length=-(-width // context_bucket) * context_bucket)
+    room = np.minimum([max_total_len - len(c) for c in contexts], per_turn)
+    width = -(-max(len(c) for c in contexts) // context_bucket) * context_bucket
+    key = jax.random.fold_in(rng, t)
+    if ctx is None:
+      gen = policy.sample(contexts, key, greedy=greedy, max_new_tokens=per_turn, stop=stops,
+                          max_new_tokens_per_row=room,
+                          batch_multiple=_pow2(len(active), min_batch), prompt_length=width)
+    elif t == 0:
+      gen = ctx.start(prompts[::g], key, greedy=greedy, max_new_tokens=per_turn, stop=stops,
+                      max_new_tokens_per_row=room, group_size=g,
+                      batch_multiple=_pow2(n // g, max(1, min_batch // g)), prompt_length=width)
+    else:
+      slot = {i: j for j, i in enumerate(called)}
+      gen = ctx.extend([slot[i] for i in active], [obs_new[i] for i in active], key,
+                       greedy=greedy, max_new_tokens=per_turn, stop=stops,
+                       max_new_tokens_per_row=room, batch_multiple=_pow2(len(active), min_batch))
+    called = list(active)
     lengths = np.asarray(gen.lengths)
     toks = np.asarray(gen.tokens)
     new = [toks[j, :lengths[j]].tolist() for j in range(len(active))]
@@ -205,6 +230,7 @@ def run_tool_loop(policy, prompts: Sequence[Sequence[int]], env, *, rng, tokeniz
         ids, cut = truncate_observation(body, tail, limit)
         comp[i] += ids
         mask[i] += [0] * len(ids)
+        obs_new[i] = ids
         calls[i] += 1
         turn = turns[i][-1]
         turn.observation_tokens, turn.truncated, turn.info = len(ids), cut, dict(o.info)

@@ -241,20 +241,17 @@ def decode(config: ModelConfig, params, tokens, active, cache):
 
 
 # --------------------------------------------------------------------------- the fused loop
-@functools.partial(jax.jit, static_argnames=("config", "mode", "max_new", "early_exit",
-                                             "packed_decode", "group"))
-def _generate_jit(params, ids, mask, rng, row_max, temperature, top_p, eos_ids, stop_table,
-                  stop_valid, pad_id, *, config: ModelConfig, mode: SamplingMode, max_new: int,
-                  early_exit: bool = True, packed_decode: bool = True, group: int = 1):
-  unique, p = ids.shape
-  b = unique * group
+def _sample_loop(params, logits, cache, rng, row_max, temperature, top_p, eos_ids, stop_table,
+                 stop_valid, pad_id, *, config: ModelConfig, mode: SamplingMode, max_new: int,
+                 early_exit: bool, packed_decode: bool):
+  """From the logits after a prefill: sample and decode up to `max_new` tokens per row.
+
+  Returns (outputs, cache). A row's final token (the one that ended it) is never written into the
+  cache, so afterwards the cache holds every token of each row except its last: a later call
+  that continues the row (`extend_generate`) feeds that token first.
+  """
+  b = logits.shape[0]
   n = max_new
-  cache = init_cache(config, unique, p + n)
-  logits, cache = _prefill_impl(config, params, ids, mask, cache)
-  if group > 1:      # one prefill per distinct prompt; its rows forked to the group's samples
-    fork = lambda x: jnp.repeat(x, group, axis=0) if x.ndim else x
-    cache = jax.tree_util.tree_map(fork, cache)
-    logits = fork(logits)
   if packed_decode:
     packed = fast_decode.pack_params(config, params)
     decode_fn = lambda tok, active, cache: fast_decode.decode_step(config, packed, tok, active,
@@ -303,7 +300,7 @@ def _generate_jit(params, ids, mask, rng, row_max, temperature, top_p, eos_ids, 
 
   def decode_next(i, st, logits, cache):
     tok = jax.lax.dynamic_slice_in_dim(st["tokens"], i, 1, axis=1)[:, 0]
-    active = jax.lax.dynamic_slice_in_dim(st["mask"], i, 1, axis=1)[:, 0]
+    active = jax.lax.dynamic_slice_in_dim(st["mask"], i, 1, axis=1)[:, 0] & ~st["done"]
     return decode_fn(tok, active, cache)
 
   # One traced copy of the sampling code: each iteration samples from the carried logits, then
@@ -325,10 +322,64 @@ def _generate_jit(params, ids, mask, rng, row_max, temperature, top_p, eos_ids, 
   carry = (jnp.int32(0), logits, cache, st)
   if early_exit:
     cond = lambda c: (c[0] < n) & ~jnp.all(c[3]["done"])
-    st = jax.lax.while_loop(cond, body, carry)[3]
+    _, _, cache, st = jax.lax.while_loop(cond, body, carry)
   else:
-    st = jax.lax.fori_loop(0, n, body_fixed, carry)[3]
-  return {k: st[k] for k in ("tokens", "logprobs", "model_logprobs", "mask", "count", "reason")}
+    _, _, cache, st = jax.lax.fori_loop(0, n, body_fixed, carry)
+  return ({k: st[k] for k in ("tokens", "logprobs", "model_logprobs", "mask", "count", "reason")},
+          cache)
+
+
+_LOOP_STATICS = ("config", "mode", "max_new", "early_exit", "packed_decode")
+
+
+@functools.partial(jax.jit, static_argnames=_LOOP_STATICS + ("group", "keep_cache"))
+def _generate_jit(params, ids, mask, rng, row_max, temperature, top_p, eos_ids, stop_table,
+                  stop_valid, pad_id, *, config: ModelConfig, mode: SamplingMode, max_new: int,
+                  early_exit: bool = True, packed_decode: bool = True, group: int = 1,
+                  keep_cache: bool = False):
+  unique, p = ids.shape
+  cache = init_cache(config, unique, p + max_new)
+  logits, cache = _prefill_impl(config, params, ids, mask, cache)
+  if group > 1:      # one prefill per distinct prompt; its rows forked to the group's samples
+    fork = lambda x: jnp.repeat(x, group, axis=0) if x.ndim else x
+    cache = jax.tree_util.tree_map(fork, cache)
+    logits = fork(logits)
+  out, cache = _sample_loop(params, logits, cache, rng, row_max, temperature, top_p, eos_ids,
+                            stop_table, stop_valid, pad_id, config=config, mode=mode,
+                            max_new=max_new, early_exit=early_exit, packed_decode=packed_decode)
+  return (out, cache) if keep_cache else out
+
+
+def relayout_cache(cache, rows, length: int):
+  """Cache rows `rows` [B'] (repeats fork a row) with each row's real slots packed, in order, to
+  end at slot `used` = the most real slots of any selected row (shorter rows left-padded), in a
+  cache of `length` slots whose write index is `used`. Nothing is recomputed: a slot's K/V carry
+  RoPE positions counted over real tokens only, so moving slots leaves them valid."""
+  mask = cache["mask"][rows]                                    # [B', S]
+  s = mask.shape[1]
+  real = jnp.sum(mask.astype(jnp.int32), axis=1)                # [B']
+  used = jnp.max(real)
+  order = jnp.argsort(~mask, axis=1, stable=True)               # real slots first, in order
+  src = jnp.arange(length)[None, :] - (used - real)[:, None]    # [B', length]
+  valid = (src >= 0) & (src < real[:, None])
+  idx = jnp.take_along_axis(order, jnp.clip(src, 0, s - 1), axis=1)
+
+  def move(x):                                                  # [B, S, K, D]
+    x = x[rows]
+    return jnp.take_along_axis(x, idx[:, :, None, None], axis=1)
+  layers = tuple({k: move(v) for k, v in layer.items()} for layer in cache["layers"])
+  return {"layers": layers, "mask": valid, "index": used.astype(jnp.int32)}
+
+
+@functools.partial(jax.jit, static_argnames=_LOOP_STATICS + ("length",))
+def _extend_jit(params, cache, rows, ids, mask, rng, row_max, temperature, top_p, eos_ids,
+                stop_table, stop_valid, pad_id, *, config: ModelConfig, mode: SamplingMode,
+                max_new: int, length: int, early_exit: bool = True, packed_decode: bool = True):
+  cache = relayout_cache(cache, rows, length)
+  logits, cache = _prefill_impl(config, params, ids, mask, cache)
+  return _sample_loop(params, logits, cache, rng, row_max, temperature, top_p, eos_ids,
+                      stop_table, stop_valid, pad_id, config=config, mode=mode, max_new=max_new,
+                      early_exit=early_exit, packed_decode=packed_decode)
 
 
 # --------------------------------------------------------------------------- host-side helpers
@@ -418,7 +469,8 @@ def generate_with_params(config: ModelConfig, params, prompt_ids, *, max_new_tok
                          pad_id: int = 0, tokenizer=None, prompt_lengths=None,
                          batch_multiple: int = 1, early_exit: bool = True,
                          packed_decode: bool = True,
-                         prompt_length: Optional[int] = None, group_size: int = 1) -> Generation:
+                         prompt_length: Optional[int] = None, group_size: int = 1,
+                         keep_cache: bool = False):
   """Samples one continuation per prompt for a (config, params) pair; see `generate`.
 
   Extra options: `tokenizer` encodes string stops and supplies the EOS default when `eos_ids` is
@@ -428,7 +480,9 @@ def generate_with_params(config: ModelConfig, params, prompt_ids, *, max_new_tok
   `prompt_length` left-pads the prompts to that width instead of the bucketed longest (callers
   with a coarser bucket of their own, such as the multi-turn loop, compile fewer programs);
   `group_size=G` samples G continuations of each prompt from ONE prefill of it (its KV rows
-  forked), rows prompt-major: prompt i's samples at [i*G, (i+1)*G).
+  forked), rows prompt-major: prompt i's samples at [i*G, (i+1)*G); `keep_cache=True` returns
+  (Generation, cache) with the KV cache of every row but its last token (see
+  `sampling.CachedContexts`, which continues rows from it).
   """
   if int(group_size) != group_size or group_size < 1:
     raise ValueError(f"group_size must be a positive integer; got {group_size}")
@@ -461,17 +515,24 @@ def generate_with_params(config: ModelConfig, params, prompt_ids, *, max_new_tok
                       np.float32(temperature if temperature > 0 else 1.0), np.float32(top_p),
                       eos, table, valid, np.int32(pad_id), config=config, mode=mode,
                       max_new=bucket_length(max_new_tokens), early_exit=early_exit,
-                      packed_decode=packed_decode, group=group_size)
+                      packed_decode=packed_decode, group=group_size, keep_cache=keep_cache)
+  if keep_cache:
+    out, cache = out
+    return to_generation(out, b, max_new_tokens), cache
+  return to_generation(out, b, max_new_tokens)
+
+
+def to_generation(out, rows: int, max_new_tokens: int) -> Generation:
+  """The jitted loop's outputs (device) -> a host `Generation` of the first `rows` rows."""
   out = jax.device_get(out)
-  n = max_new_tokens
-  reason = out["reason"][:b]
+  b, n = rows, max_new_tokens
   return Generation(
       tokens=out["tokens"][:b, :n],
       logprobs=out["logprobs"][:b, :n],
       model_logprobs=out["model_logprobs"][:b, :n],
       lengths=out["count"][:b].astype(np.int32),
       mask=out["mask"][:b, :n].astype(np.int32),
-      stopped_by=[_REASONS[int(r)] for r in reason],
+      stopped_by=[_REASONS[int(r)] for r in out["reason"][:b]],
   )
 
 

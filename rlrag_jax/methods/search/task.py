@@ -269,7 +269,8 @@ class SearchTask:
         max_turns=tool.max_turns if pipeline == "agent" else 0,
         max_obs_tokens=tool.max_obs_tokens, max_total_len=tool.max_total_len,
         stop=prompts.STOP_STRINGS, greedy=greedy, min_batch=tool.min_batch,
-        context_bucket=tool.context_bucket)
+        context_bucket=tool.context_bucket, group_size=group_size,
+        kv_reuse=tool.get("kv_reuse", True))
     episodes = []
     for row, (p, pre) in enumerate(zip(prompt_rows, prefix_rows)):
       comp = pre[0] + out.completion_ids[row]
