@@ -23,7 +23,6 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
-import jax
 import numpy as np
 
 from rlrag_jax.sampling import sampler as S
