@@ -23,6 +23,17 @@ are warmed up once on the same workload (ours compiles its programs then; the co
 printed apart) and the repeats are interleaved, best run reported. Greedy decoding on random
 weights: the two sides can part ways at a near-tie, so token and call counts are printed per side.
 Needs torch (the `bench` extra).
+
+  python -m rlrag_jax.bench.rollout --kv-reuse [--sizes trained,tiny --prompts 4 --group 8
+                                     --prompt-tokens 512 --turns 4 --obs-tokens 256
+                                     --turn-tokens 16 --repeats 2]
+
+compares instead, in one process on one workload, `run_tool_loop`'s re-prefill path (every turn
+prefills each row's whole context) with its KV-reuse path (`sampling.CachedContexts`: a group's
+prompt prefilled once, then only each new observation): prefill tokens (real and padded), wall
+time (best of the repeats after a warm-up, interleaved), and whether the completions are equal.
+`trained` is `bench.trained_tiny` (greedy ties are rare on it; random weights can break a tie
+differently after float reordering, so equality there is a strong but not a guaranteed outcome).
 """
 from __future__ import annotations
 
@@ -124,6 +135,121 @@ def reference_loop(model, prompts, args, stops):
   return run
 
 
+class IntTokenizer:
+  """Text is token ids written in decimal, space separated (so an environment can return exact
+  ids)."""
+
+  def batch_decode(self, seqs, skip_special_tokens=False):
+    del skip_special_tokens
+    return [" ".join(map(str, s)) for s in seqs]
+
+  def __call__(self, texts, add_special_tokens=False):
+    del add_special_tokens
+    return {"input_ids": [[int(w) for w in t.split()] for t in texts]}
+
+
+class CountingPolicy:
+  """Wraps a `Policy`: counts what the re-prefill path prefills (real tokens, padded slots) and
+  keeps the `CachedContexts` of the KV-reuse path for its counters."""
+
+  def __init__(self, policy):
+    self.policy, self.max_new_tokens = policy, policy.max_new_tokens
+    self.tokens = self.slots = 0
+    self.ctx = None
+
+  def sample(self, prompt_ids, rng, **kw):
+    self.tokens += sum(len(p) for p in prompt_ids)
+    rows = -(-len(prompt_ids) // kw.get("batch_multiple", 1)) * kw.get("batch_multiple", 1)
+    self.slots += rows * kw["prompt_length"]
+    return self.policy.sample(prompt_ids, rng, **kw)
+
+  def contexts(self):
+    self.ctx = self.policy.contexts()
+    return self.ctx
+
+
+def kv_reuse_main(args) -> int:
+  """Re-prefill vs KV reuse in `run_tool_loop`, one process, same model and workload."""
+  import jax
+  from rlrag_jax.bench import trained_tiny
+  from rlrag_jax.bench.sampling import build_checkpoint
+  from rlrag_jax.models import load_hf
+  from rlrag_jax.rollout import run_tool_loop
+  from rlrag_jax.rollout.policy import Policy
+  stop_every = 4
+  print(f"workload: {args.prompts} prompts x {args.prompt_tokens} tokens, group {args.group} "
+        f"({args.prompts * args.group} rows), <= {args.turns} tool calls per row, each "
+        f"answered with a {args.obs_tokens}-token observation, <= {args.turn_tokens} tokens per "
+        f"turn, greedy; a turn ends at a tool call = any token id divisible by {stop_every}. "
+        f"Load average {os.getloadavg()[0]:.2f}", flush=True)
+  print("  re-prefill  run_tool_loop(kv_reuse=False): every turn prefills every row's whole "
+        "context (the group's copies too)")
+  print("  kv reuse    run_tool_loop(kv_reuse=True, group_size=G): one prefill per distinct "
+        "prompt, then each turn prefills only the observation just appended")
+  models = []
+  for size in args.sizes.split(","):
+    if size == "trained":
+      t0 = time.perf_counter()
+      cfg, params, loss = trained_tiny.train(vocab=256, steps=300, length=128, batch_size=16,
+                                             lr=1e-2, num_layers=1)
+      print(f"[trained] x[t+1] = x[t-1] model trained in {time.perf_counter() - t0:.0f}s "
+            f"(loss {loss:.3f})", flush=True)
+      models.append((size, cfg, params))
+    else:
+      with tempfile.TemporaryDirectory() as d:
+        build_checkpoint(size, d)
+        lm = load_hf(d)
+      models.append((size, lm.config, lm.params))
+  for size, cfg, params in models:
+    vocab = cfg.vocab_size
+    rng = np.random.default_rng(0)
+    fix = lambda t: int(t) + 1 if int(t) % stop_every == 0 else int(t)
+    # prompts end in a tool call token and observations too: a model that repeats its last two
+    # tokens (the trained one) calls again at once; random weights call at random.
+    prompts = [[fix(t) for t in rng.integers(3, vocab - 1, args.prompt_tokens - 1)] + [stop_every]
+               for _ in range(args.prompts)]
+    obs = " ".join(str(fix(t)) for t in rng.integers(3, vocab - 1, args.obs_tokens - 1))
+    obs += f" {2 * stop_every}"
+    rows = [p for p in prompts for _ in range(args.group)]
+    stops = [[t] for t in range(stop_every, vocab, stop_every)]
+    base = Policy(cfg, params, max_new_tokens=args.turn_tokens, eos_ids=(), pad_id=0)
+
+    def run(kv):
+      pol = CountingPolicy(base)
+      out = run_tool_loop(pol, rows, lambda r, t, c: obs, rng=jax.random.PRNGKey(0),
+                          tokenizer=IntTokenizer(), max_turns=args.turns,
+                          max_obs_tokens=args.obs_tokens, max_total_len=8192, stop=stops,
+                          greedy=True, group_size=args.group if kv else 1, kv_reuse=kv,
+                          context_bucket=64)
+      if kv:
+        return out, pol.ctx.prefill_tokens, pol.ctx.prefill_slots
+      return out, pol.tokens, pol.slots
+
+    names = {False: "re-prefill", True: "kv reuse"}
+    first, best, res = {}, {}, {}
+    for kv in (False, True):                  # warm-up: compiles
+      t0 = time.perf_counter()
+      res[kv] = run(kv)
+      first[kv] = time.perf_counter() - t0
+    for _ in range(args.repeats):             # interleaved
+      for kv in (False, True):
+        t0 = time.perf_counter()
+        run(kv)
+        best[kv] = min(best.get(kv, float("inf")), time.perf_counter() - t0)
+    a, b = res[False][0], res[True][0]
+    same = np.mean([x == y for x, y in zip(a.completion_ids, b.completion_ids)])
+    for kv in (False, True):
+      out, tok, slots = res[kv]
+      print(f"[{size}] {names[kv]:10s}: prefill {tok:,} tokens ({slots:,} padded slots), "
+            f"{sum(out.num_tool_calls)} tool calls, "
+            f"{sum(sum(m) for m in out.loss_mask)} policy tokens, wall {best[kv]:.2f}s "
+            f"(first run {first[kv]:.2f}s)")
+    print(f"[{size}] prefill tokens {res[False][1] / res[True][1]:.1f}x fewer, padded slots "
+          f"{res[False][2] / res[True][2]:.1f}x fewer, wall {best[False] / best[True]:.2f}x "
+          f"faster; rows with identical completions: {same:.0%}", flush=True)
+  return 0
+
+
 def main(argv=None):
   ap = argparse.ArgumentParser(prog="python -m rlrag_jax.bench.rollout", description=__doc__,
                                formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -138,7 +264,15 @@ def main(argv=None):
   ap.add_argument("--prompt-max", type=int, default=64)
   ap.add_argument("--repeats", type=int, default=2)
   ap.add_argument("--no-reference", action="store_true")
+  ap.add_argument("--kv-reuse", action="store_true",
+                  help="compare run_tool_loop's re-prefill and KV-reuse paths instead (sizes: "
+                  "'trained' = a tiny model trained in seconds, or bench.sampling sizes)")
+  ap.add_argument("--prompts", type=int, default=4, help="--kv-reuse: distinct prompts")
+  ap.add_argument("--group", type=int, default=8, help="--kv-reuse: samples per prompt")
+  ap.add_argument("--prompt-tokens", type=int, default=512, help="--kv-reuse: prompt length")
   args = ap.parse_args(argv)
+  if args.kv_reuse:
+    return kv_reuse_main(args)
 
   import jax
   import torch
