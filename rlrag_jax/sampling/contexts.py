@@ -8,9 +8,12 @@ through `generate_with_params`. Here the cache of the last call is kept on devic
   gen = ctx.start(prompts, rng, group_size=G, ...)      # rows of the first call
   gen = ctx.extend(parents, chunks, rng, ...)           # row j continues row parents[j] of the
                                                         # previous call with chunks[j] appended
+  ctx.prime(prompts)                                    # or: cache prompts, generate nothing
 
 `parents` may skip rows (finished episodes) and repeat them (tree branches fork a prefix: the
-rows are copied inside the jitted call, never recomputed). Each call first re-lays the kept
+rows are copied inside the jitted call, never recomputed). Rows always refer to the LAST call, so
+a tree rollout makes one call per level over all the nodes it continues (a node reached by forced
+tokens only keeps its parent's row and passes the forced tokens as its chunk next time). Each call first re-lays the kept
 cache out for the chosen rows (real slots packed in order, to a bucketed width), prefills the
 chunks (each row's last generated token, which a call never writes into the cache, then the new
 tokens), and runs the same decode loop as `generate_with_params`. Outputs equal those of
@@ -25,6 +28,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from rlrag_jax.models.decoder import init_cache
 from rlrag_jax.sampling import sampler as S
 from rlrag_jax.sampling import stop as stop_lib
 
@@ -95,13 +99,32 @@ class CachedContexts:
     self._record(gen, len(lens), lens.astype(np.int64))
     return gen
 
+  def prime(self, prompts: Sequence[Sequence[int]], *, prompt_length: Optional[int] = None):
+    """Caches `prompts` without generating (e.g. the roots of a tree whose first children are
+    forced actions): every token but the last is prefilled, the last is fed by the next
+    `extend`. Each prompt needs >= 2 tokens."""
+    prompts = [[int(t) for t in p] for p in prompts]
+    short = [i for i, p in enumerate(prompts) if len(p) < 2]
+    if not prompts or short:
+      raise ValueError(f"CachedContexts.prime: every prompt needs >= 2 tokens (prompt "
+                       f"{short[0] if short else '-'} has fewer), and there must be one")
+    ids, mask = S.left_pad([p[:-1] for p in prompts], self.pad_id, length=prompt_length)
+    cache = init_cache(self.config, ids.shape[0], ids.shape[1])
+    _, self.cache = S.prefill(self.config, self.params, ids, mask, cache)
+    self.rows = len(prompts)
+    self.cached = np.asarray([len(p) - 1 for p in prompts], np.int64)
+    self.pending = [[p[-1]] for p in prompts]
+    self.prefill_tokens += int(self.cached.sum())
+    self.prefill_slots += int(ids.size)
+    self.calls += 1
+
   def extend(self, parents: Sequence[int], chunks: Sequence[Sequence[int]], rng, *,
              max_new_tokens: int, greedy: bool = False, stop=(), max_new_tokens_per_row=None,
              batch_multiple: int = 1):
     """Row j continues row `parents[j]` of the previous call with `chunks[j]` appended (may be
     empty when that row has a pending token). -> `Generation` of len(parents) rows."""
     if self.cache is None:
-      raise RuntimeError("CachedContexts.extend: call start() first")
+      raise RuntimeError("CachedContexts.extend: call start() or prime() first")
     parents = [int(p) for p in parents]
     if not parents:
       raise ValueError("CachedContexts.extend: no rows to continue")

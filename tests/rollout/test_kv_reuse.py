@@ -95,6 +95,26 @@ def test_extend_equals_generating_from_the_whole_context(trained, greedy):
   assert ctx.prefill_tokens == fed
 
 
+def test_prime_then_forked_branches_equal_whole_contexts(trained):
+  """Tree roots cached without generating, then forked into forced branches: each branch's
+  continuation equals generating from its whole context; the roots were prefilled once."""
+  cfg, params = trained
+  roots = _prompts([33, 17], seed=4)
+  ctx = CachedContexts(cfg, params, eos_ids=())
+  ctx.prime(roots)
+  assert ctx.prefill_tokens == 33 + 17 - 2
+  parents, forced = [0, 0, 1, 1], [[11], [13, 21], [11], [13, 21]]
+  gen = ctx.extend(parents, forced, 0, max_new_tokens=5, greedy=True)
+  whole = [roots[p] + f for p, f in zip(parents, forced)]
+  ref = generate_with_params(cfg, params, whole, max_new_tokens=5, temperature=0.0, rng=0,
+                             eos_ids=())
+  np.testing.assert_array_equal(gen.tokens, ref.tokens)
+  np.testing.assert_allclose(gen.model_logprobs, ref.model_logprobs, atol=2e-4)
+  assert ctx.prefill_tokens == 48 + 4 + 6        # roots once; per branch its pending + forced
+  with pytest.raises(ValueError, match=">= 2 tokens"):
+    ctx.prime([[5]])
+
+
 def test_extend_rejects_bad_rows(trained):
   cfg, params = trained
   ctx = CachedContexts(cfg, params, eos_ids=())

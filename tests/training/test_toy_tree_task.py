@@ -33,6 +33,7 @@ class ToyTreeTask:
     self.forests = []
     self.pool = []              # grows from the policy's own rollouts; saved in checkpoints
     self.eval_rollouts = 0
+    self.prefilled = []         # (tokens prefilled, root tokens but the last) per collect
 
   def bind_models(self, models):
     self.reader = models["reader"]
@@ -77,6 +78,9 @@ class ToyTreeTask:
 
   def collect(self, policy, examples, rng, *, group_size, step):
     level = [0]
+    roots = [self.prompt_ids(ex) for ex in examples]
+    ctx = policy.contexts()          # the roots' KV cache, forked to their branches
+    ctx.prime(roots)
 
     def step_fn(nodes, actions):
       level[0] += 1
@@ -86,8 +90,10 @@ class ToyTreeTask:
         if a is not None:
           ids = self._enc(a)
           out[i] = tree.Step(state=n.state + ids, sample=(n.state, ids))
-      if free:
-        gen = policy.sample([nodes[i].state for i in free], jax.random.fold_in(rng, level[0]))
+      if free:     # the forced branches (depth 1) continue their root's cached row
+        gen = ctx.extend([nodes[i].tree for i in free],
+                         [nodes[i].state[len(roots[nodes[i].tree]):] for i in free],
+                         jax.random.fold_in(rng, level[0]), max_new_tokens=policy.max_new_tokens)
         for row, i in enumerate(free):
           comp = completion_ids(gen, row)
           out[i] = tree.Step(state=nodes[i].state + comp, sample=(nodes[i].state, comp),
@@ -98,6 +104,7 @@ class ToyTreeTask:
                          branch=lambda n: ["Y", "N"], max_depth=1,
                          reward=lambda leaves: self._read([l.state for l in leaves]))
     self.forests.append(forest)
+    self.prefilled.append((ctx.prefill_tokens, sum(len(r) - 1 for r in roots)))
     self.pool.append([step, max(l.reward for l in forest.leaves())])
     episodes, scores = [], []
     for d in forest.decisions():
@@ -151,6 +158,8 @@ def test_toy_tree_task_trains_with_ppo_and_a_frozen_reader(tmp_path, monkeypatch
   assert task.reader is not None and task.reader_calls > 0
   # Per prompt (two a step): two forced root decisions, then one sampled completion under each.
   assert len(task.forests) == 1          # the resumed process ran the second RL step
+  # Each root prefilled once; each of its 2 branches then feeds 2 tokens (root's last, Y/N).
+  assert task.prefilled == [(task.prefilled[0][1] + 4 * 2, task.prefilled[0][1])]
   for forest in task.forests:
     assert forest.counts()["nodes"] == 8 and forest.counts()["leaves"] == 4
     assert sorted(d.action or "-" for d in forest.decisions()) == ["-"] * 4 + ["N"] * 2 + [
