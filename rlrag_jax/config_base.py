@@ -31,7 +31,9 @@ trainer (`rlrag_jax.trainer`) reads these sections for every method:
             dynamic_sampling_key: the reward entry whose spread within a group keeps it, e.g.
             'total' or 'correct' as DAPO does),
             pack_bucket; ppo (algo 'ppo': critic 'separate' = a value LM started from the
-            policy's backbone, gamma, lam (GAE), vf_lr, vf_clip (0 = unclipped value loss),
+            policy's backbone and trained whole, or 'head' = a value head on the policy's
+            current backbone, trained alone (no second backbone to train; the policy loss alone
+            shapes the features), gamma, lam (GAE), vf_lr, vf_clip (0 = unclipped value loss),
             whiten (advantages), mini_batches (per epoch; rl.mu epochs)).
   eval      every (RL steps; 0 = before and after RL only), num_examples, max_new_tokens,
             batch_size, optional OpenAI-compatible judge (judge_url, judge_model).

@@ -175,8 +175,9 @@ def param_shardings(module, mesh: Mesh, rules=RULES):
 def opt_state_shardings(opt, params_shardings, params_abstract, mesh: Mesh):
   """Shardings of `opt.init(params)`: moments mirror their param, everything else replicated."""
   state = jax.eval_shape(opt.init, params_abstract)
-  return optax.tree_map_params(opt, lambda _, s: s, state, params_shardings,
-                               transform_non_params=lambda _: replicated(mesh))
+  masked = lambda x: isinstance(x, optax.MaskedNode)     # params a masked transform skips
+  return optax.tree_map_params(opt, lambda p, s: p if masked(p) else s, state, params_shardings,
+                               transform_non_params=lambda _: replicated(mesh), is_leaf=masked)
 
 
 def init_sharded_params(module, rng, mesh: Mesh, rules=RULES, seq_len: int = 8):

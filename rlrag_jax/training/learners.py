@@ -6,8 +6,10 @@
                                 `rl.ADVANTAGE_ESTIMATORS` ('grpo' honours rl.scale_std and
                                 rl.adv_eps). DAPO is 'grpo' with DAPO's loss settings
                                 (asymmetric clip, token-level aggregation, dynamic sampling).
-  'ppo'                         PPOLearner: a critic (a separate value LM started from the
-                                policy's backbone), the outcome reward on each episode's last
+  'ppo'                         PPOLearner: a critic (rl.ppo.critic 'separate': a value LM
+                                started from the policy's backbone and trained whole; 'head': a
+                                value head on the policy's own current backbone, which only the
+                                policy loss trains), the outcome reward on each episode's last
                                 policy token, GAE(gamma, lambda) per token, optional advantage
                                 whitening, a clipped value loss with its own lr, rl.mu epochs of
                                 rl.ppo.mini_batches shuffled mini-batches.
@@ -21,6 +23,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
 from rlrag_jax.models import ValueLM, value_params_from_policy
 from rlrag_jax.models import sharding
@@ -31,7 +34,7 @@ from rlrag_jax.rollout.batch import logits_start, pack
 
 OUTCOME_ALGOS = tuple(adv_lib.ADVANTAGE_ESTIMATORS)
 ALGOS = OUTCOME_ALGOS + ("ppo",)
-CRITICS = ("separate",)
+CRITICS = ("separate", "head")
 
 
 def check_algo(rl) -> str:
@@ -105,7 +108,8 @@ class PPOLearner:
     self.rl, self.ppo, self.steps, self.mesh, self.pad = rl, rl.ppo, steps, mesh, pad_id
     if self.ppo.critic not in CRITICS:
       raise ValueError(f"config key 'rl.ppo.critic' is {self.ppo.critic!r}; expected one of "
-                       f"{CRITICS} (a value head sharing the policy's backbone is not built yet)")
+                       f"{CRITICS}")
+    self.shared = self.ppo.critic == "head"
     n = int(rl.prompts_per_step) * int(rl.group_size)
     mini = int(self.ppo.mini_batches)
     if mini < 1 or n % mini or (n // mini) % int(rl.micro_batches):
@@ -118,6 +122,13 @@ class PPOLearner:
         lr=self.ppo.vf_lr, schedule=rl.lr_schedule, warmup_ratio=rl.warmup_ratio,
         total_steps=max(int(config.rl.steps) * updates_per_step(rl), 2),
         weight_decay=rl.weight_decay, max_grad_norm=rl.max_grad_norm))
+    if self.shared:    # only the head learns; XLA drops the backbone's unused gradient
+      label = lambda tree, name: jax.tree_util.tree_map(lambda _: name, tree)
+      shapes = sharding.param_shapes(self.module)
+      self.opt = optax.multi_transform(
+          {"head": self.opt, "frozen": optax.set_to_zero()},
+          {"model": label(shapes["model"], "frozen"),
+           "value_head": label(shapes["value_head"], "head")})
     clip = float(self.ppo.vf_clip)
     self.value_step = ts.make_value_step(
         self.module, self.opt, mesh, clip_eps=clip if clip > 0 else None,
@@ -138,9 +149,17 @@ class PPOLearner:
   def abstract_critic(self):
     return ts.abstract_train_state(self.module, self.opt, self.mesh)
 
+  def _on_policy_backbone(self, critic, policy_params):
+    """'head': the critic's backbone becomes a copy of the policy's current one (a copy: the
+    value step donates its state, and the policy's arrays must outlive it)."""
+    model = jax.tree_util.tree_map(jnp.copy, policy_params["model"])
+    return critic.replace(params={"model": model, "value_head": critic.params["value_head"]})
+
   # ---- one RL step
   def update(self, state, critic, episodes, scores, ref_params, key) -> tuple:
     rl, ppo = self.rl, self.ppo
+    if self.shared:       # values and the head's targets from the policy that sampled
+      critic = self._on_policy_backbone(critic, state.params)
     totals = np.array([s["total"] for s in scores], np.float32)
     host = pack([e.prompt_ids for e in episodes], [e.completion_ids for e in episodes],
                 [e.loss_mask for e in episodes], pad_id=self.pad, bucket=rl.pack_bucket)

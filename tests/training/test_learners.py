@@ -135,9 +135,52 @@ def test_algo_names_are_read_not_ignored():
   with pytest.raises(ValueError, match="rl.ppo.mini_batches' = 3"):
     c = _config("ppo", mini_batches=3)
     learners.make_learner(c, trainer.Steps(c, CFG, mesh, 0, 2), mesh, CFG, pad_id=0)
-  with pytest.raises(ValueError, match="'rl.ppo.critic' is 'head'"):
-    c = _config("ppo", critic="head")
+  with pytest.raises(ValueError, match="'rl.ppo.critic' is 'shared'"):
+    c = _config("ppo", critic="shared")
     learners.make_learner(c, trainer.Steps(c, CFG, mesh, 0, 2), mesh, CFG, pad_id=0)
+
+
+def test_head_critic_reads_the_policy_backbone_and_trains_only_its_head():
+  """critic='head': GAE values come from the head on the sampling policy's backbone (not the
+  backbone the critic started from), and the value step changes the head only."""
+  mesh = sharding.make_mesh(data=1, fsdp=1, tensor=1)
+  c = _config("ppo", critic="head", whiten=False, mini_batches=1, vf_lr=1e-2)
+  c.rl.mu, c.rl.steps, c.rl.lr = 1, 3, 1e-2
+  steps = trainer.Steps(c, CFG, mesh, 0, 3)
+  learner = learners.make_learner(c, steps, mesh, CFG, pad_id=0)
+  state = steps.new_state(init_params(steps.module, jax.random.PRNGKey(0)), "rl")
+  critic = learner.init_critic(state.params, jax.random.PRNGKey(3))
+  eps = _episodes()
+  scores = [{"total": s} for s in (1.0, 0.0, 2.0, -1.0)]
+  host = pack([e.prompt_ids for e in eps], [e.completion_ids for e in eps],
+              [e.loss_mask for e in eps], pad_id=0, bucket=8)
+  batch = sharding.shard_batch(host, mesh)
+  leaves = lambda t: [np.array(x) for x in jax.tree_util.tree_leaves(t)]
+  policy0, head0 = leaves(state.params), leaves(critic.params["value_head"])   # (updates donate)
+  backbone0 = leaves(state.params["model"])
+  state1, critic1, m1 = learner.update(state, critic, eps, scores, None, jax.random.PRNGKey(4))
+  # The policy moved; the critic's backbone is the policy's before this update, unchanged by
+  # the value step, while its head moved.
+  assert any(not np.array_equal(a, b) for a, b in zip(policy0, leaves(state1.params)))
+  for a, b in zip(backbone0, leaves(critic1.params["model"])):
+    np.testing.assert_array_equal(a, b)
+  assert any(not np.array_equal(a, b) for a, b in zip(head0, leaves(critic1.params["value_head"])))
+  # Step 2 reads the moved policy: its values are the head's on state1's backbone.
+  head_on_new = {"model": state1.params["model"], "value_head": critic1.params["value_head"]}
+  head_on_old = {"model": critic1.params["model"], "value_head": critic1.params["value_head"]}
+  want = np.asarray(learner.value_fn(head_on_new, batch))
+  stale = np.asarray(learner.value_fn(head_on_old, batch))
+  mask = host["loss_mask"].astype(float)
+  mask[:, 0] = 0
+  assert not np.allclose(want, stale)
+  ret = np.zeros_like(mask)
+  for i, s in enumerate(scores):
+    ret[i] = _hand_gae(want[i], mask[i], s["total"], 1.0, 0.95)[1]
+  _, _, m2 = learner.update(state1, critic1, eps, scores, None, jax.random.PRNGKey(5))
+  ev = 1 - np.var((ret - want)[mask > 0]) / np.var(ret[mask > 0])
+  assert m2["vf/explained_variance"] == pytest.approx(ev, rel=1e-4)
+  for k in ("vf/loss", "pg_loss"):
+    assert np.isfinite(m1[k]) and np.isfinite(m2[k])
 
 
 @pytest.mark.slow
@@ -169,3 +212,19 @@ def test_arena_trains_with_ppo_and_resumes_its_critic_exactly(tmp_path):
     for k in ("vf/loss", "vf/explained_variance", "vf/value_mean", "pg_loss"):
       assert k in r
     assert np.isfinite(r["vf/loss"])
+
+
+@pytest.mark.slow
+def test_arena_trains_with_a_head_critic_through_kill_and_resume(tmp_path):
+  """configs/arena.py with rl.ppo.critic='head': the critic (its masked optimizer state too) is
+  checkpointed and restored, and every RL step logs finite value metrics."""
+  from test_train import tiny_config
+  c = tiny_config(tmp_path / "run")
+  c.rl.algo, c.rl.ppo.critic = "ppo", "head"
+  assert trainer.run(c, progress=False, stop_after=5) is None
+  trainer.run(c, progress=False, resume=True)
+  rows = [json.loads(l) for l in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+  rl_rows = [r for r in rows if r["stage"] == "rl"]
+  assert [r["step"] for r in rl_rows] == [4, 5, 6, 7]       # steps 6-7 after the resume
+  for r in rl_rows:
+    assert np.isfinite(r["vf/loss"]) and np.isfinite(r["vf/explained_variance"])
