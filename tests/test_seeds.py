@@ -109,3 +109,30 @@ def test_mid_run_points_pair_against_a_stage_boundary(tmp_path):
     seeds.load_run(wd, "rl20", "final")
   with pytest.raises(ValueError, match="evaluation point 'mid'"):
     seeds.load_run(wd, "mid", "final")
+
+
+def test_curve_statistics_by_hand(tmp_path):
+  """Last-quarter mean and the std of step-to-step changes of a training curve, per arm."""
+  curves = {"a": {0: [0.0, 1.0, 0.0, 1.0, 0.0, 1.0, 0.0, 1.0], 1: [1.0, 1.0, 1.0, 1.0]},
+            "b": {0: [0.0, 0.1, 0.2, 0.3]}}
+  dirs = {}
+  for arm, by_seed in curves.items():
+    for seed, ys in by_seed.items():
+      wd = tmp_path / arm / str(seed)
+      wd.mkdir(parents=True)
+      rows = [{"step": i + 1, "stage": "rl", "kl": y} for i, y in enumerate(ys)]
+      rows.insert(1, {"step": 1, "stage": "eval", "em": 0.5})      # not a training row
+      (wd / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+      dirs.setdefault(arm, {})[seed] = wd
+  st = seeds.curve_stats(dirs["a"][0], "kl")
+  assert st["last_quarter"] == pytest.approx(0.5)               # mean of the last 2 of 8
+  assert st["step_change_std"] == pytest.approx(np.std([1, -1] * 3 + [1], ddof=1))
+  assert seeds.curve_stats(dirs["a"][1], "kl") == {"last_quarter": 1.0, "step_change_std": 0.0}
+  assert seeds.curve_stats(dirs["a"][0], "missing") is None
+  out = seeds.summarise_curves(dirs, ["kl"])
+  assert out["a"]["kl"]["step_change_std"][0] == pytest.approx(
+      np.mean([np.std([1, -1] * 3 + [1], ddof=1), 0.0]))
+  assert out["b"]["kl"]["step_change_std"] == pytest.approx((0.0, 0.0), abs=1e-12)
+  assert out["b"]["kl"]["seeds"] == 1
+  text = seeds.curves_markdown(out)
+  assert "| kl | b | 0.300 ± 0.000 | 0.000 ± 0.000 | 1 |" in text

@@ -21,6 +21,11 @@ Outputs:
                   one unit; resampled with replacement `--resamples` times). With two arms, also
                   the after-RL difference B - A, paired on (seed, example);
   DIR/seeds.png   each metric's curve over training steps per seed (thin), the mean bold.
+                  `--plot` picks them: evaluation metrics, or any RL training metric (kl,
+                  reward/total, vf/explained_variance, ...).
+With `--curves=kl,reward/total,...`, seeds.md also summarises those training curves per arm: the
+mean over the last quarter of RL steps and the std of the step-to-step changes (smoothness),
+mean ± std over seeds.
 """
 from __future__ import annotations
 
@@ -218,6 +223,8 @@ def write_markdown(summary: dict, path: pathlib.Path, title: str, before: str = 
       ci = e["diff_ci"]
       lines.append(f"| {m} | {_pm(e['diff'])} | [{ci[1]:+.3f}, {ci[2]:+.3f}] |")
     lines.append("")
+  if summary.get("curves"):
+    lines.append(curves_markdown(summary["curves"]))
   text = "\n".join(lines)
   path.write_text(text)
   return text
@@ -252,14 +259,53 @@ def plot_curves(workdirs: dict, path: pathlib.Path, metrics=("em", "f1", "format
 
 
 def _curve(workdir: pathlib.Path, metric: str) -> tuple:
-  """(steps, values): training rows for 'reward/…' metrics, else the eval points."""
+  """(steps, values): the eval points for evaluation metrics (METRICS), else the RL training
+  rows (reward/…, kl, grad_norm, entropy, vf/…)."""
   p = workdir / "metrics.jsonl"
   if not p.exists():
     return [], []
   rows = [json.loads(l) for l in p.read_text().splitlines() if l.strip()]
-  stages = ("rl",) if metric.startswith("reward/") else ("eval_before", "eval", "eval_after")
+  stages = ("eval_before", "eval", "eval_after") if metric in METRICS else ("rl",)
   pts = [(r["step"], r[metric]) for r in rows if r.get("stage") in stages and metric in r]
   return [s for s, _ in pts], [v for _, v in pts]
+
+
+def curve_stats(workdir: pathlib.Path, metric: str) -> Optional[dict]:
+  """A training curve in two numbers: its mean over the last quarter of RL steps, and the std of
+  its step-to-step changes (a smoothness measure: lower is smoother). None without >= 2 points."""
+  _, ys = _curve(workdir, metric)
+  ys = np.asarray([y for y in ys if y is not None and np.isfinite(y)], np.float64)
+  if ys.size < 2:
+    return None
+  return {"last_quarter": float(ys[-max(1, ys.size // 4):].mean()),
+          "step_change_std": float(np.diff(ys).std(ddof=1)) if ys.size > 2 else 0.0}
+
+
+def summarise_curves(workdirs: dict, metrics: Sequence[str]) -> dict:
+  """{arm: {seed: workdir}} -> {arm: {metric: {stat: (mean, std) over seeds, per_seed}}}."""
+  out = {}
+  for arm, by_seed in workdirs.items():
+    for m in metrics:
+      per = [st for st in (curve_stats(wd, m) for _, wd in sorted(by_seed.items())) if st]
+      if per:
+        out.setdefault(arm, {})[m] = {
+            k: mean_std([p[k] for p in per]) for k in ("last_quarter", "step_change_std")}
+        out[arm][m]["seeds"] = len(per)
+  return out
+
+
+def curves_markdown(curves: dict) -> str:
+  lines = ["## Training curves (RL steps): last-quarter mean and step-to-step change std", "",
+           "| metric | arm | mean over the last quarter | std of step-to-step changes | seeds |",
+           "|---|---|---|---|---|"]
+  metrics = list(dict.fromkeys(m for by in curves.values() for m in by))
+  for m in metrics:
+    for arm, by in curves.items():
+      if m in by:
+        e = by[m]
+        lines.append(f"| {m} | {arm} | {_pm(e['last_quarter'])} | {_pm(e['step_change_std'])} "
+                     f"| {e['seeds']} |")
+  return "\n".join(lines + [""])
 
 
 # ------------------------------------------------------------------------------- CLI
@@ -277,6 +323,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                       help="comma-separated metrics to plot (eval metrics or reward/… curves)")
   parser.add_argument("--name", default="seeds",
                       help="output stem: DIR/<name>.json, .md, .png (e.g. one per pair of points)")
+  parser.add_argument("--curves", default="",
+                      help="comma-separated training metrics (e.g. kl,reward/total) summarised per "
+                      "arm by their last-quarter mean and the std of their step-to-step changes")
   parser.add_argument("--arm", action="append", default=[],
                       help="NAME=FLAGS: a comparison arm (give two); FLAGS are train flags")
   args, passthrough = parser.parse_known_args(argv)
@@ -310,6 +359,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 if is_done(run_dir(out, arm, s))}
           for arm in arms}
   summary = summarise(runs, args.resamples)
+  if args.curves:
+    summary["curves"] = summarise_curves(
+        {a: {s: run_dir(out, a, s) for s in runs[a]} for a in arms},
+        [m for m in args.curves.split(",") if m])
   (out / f"{args.name}.json").write_text(json.dumps(
       {"config": args.config, "overrides": passthrough, "arms": {a: f for a, f in arms.items()},
        "seeds": seeds, "points": [args.before, args.after], "runs": {a: {str(s): r for s, r in by.items()} for a, by in runs.items()},
