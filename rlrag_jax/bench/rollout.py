@@ -163,8 +163,8 @@ class CountingPolicy:
     self.slots += rows * kw["prompt_length"]
     return self.policy.sample(prompt_ids, rng, **kw)
 
-  def contexts(self):
-    self.ctx = self.policy.contexts()
+  def contexts(self, **kw):
+    self.ctx = self.policy.contexts(**kw)
     return self.ctx
 
 

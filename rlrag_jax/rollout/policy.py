@@ -22,13 +22,14 @@ class Policy:
   def with_params(self, params) -> "Policy":
     return dataclasses.replace(self, params=params)
 
-  def contexts(self, chunk_bucket: int = 16):
+  def contexts(self, chunk_bucket: int = 16, length_bucket: int = 64):
     """A `sampling.CachedContexts` with these params and settings: rows continued across calls
     with their KV cache kept (multi-turn and tree rollouts)."""
     from rlrag_jax.sampling import CachedContexts
     return CachedContexts(self.config, self.params, temperature=self.temperature,
                           top_k=self.top_k, top_p=self.top_p, eos_ids=tuple(self.eos_ids),
-                          pad_id=self.pad_id, chunk_bucket=chunk_bucket)
+                          pad_id=self.pad_id, chunk_bucket=chunk_bucket,
+                          length_bucket=length_bucket)
 
   def sample(self, prompt_ids: Sequence[Sequence[int]], rng, *, greedy: bool = False,
              max_new_tokens: Optional[int] = None, stop: Optional[Sequence] = None,

@@ -168,7 +168,8 @@ def run_tool_loop(policy, prompts: Sequence[Sequence[int]], env, *, rng, tokeniz
   if g < 1 or n % g or any(prompts[i] != prompts[i - i % g] for i in range(n)):
     raise ValueError(f"run_tool_loop: group_size={group_size} needs the prompts in runs of "
                      f"{group_size} identical rows; got {n} prompts that are not")
-  ctx = policy.contexts() if kv_reuse and hasattr(policy, "contexts") else None
+  ctx = (policy.contexts(length_bucket=context_bucket)
+         if kv_reuse and hasattr(policy, "contexts") else None)
   active = list(range(n))
   called = []                        # the rows of the previous turn, in its order
   obs_new = [[] for _ in range(n)]   # observation tokens appended since the row's last turn

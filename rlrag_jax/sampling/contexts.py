@@ -19,6 +19,10 @@ chunks (each row's last generated token, which a call never writes into the cach
 tokens), and runs the same decode loop as `generate_with_params`. Outputs equal those of
 re-prefilling the whole contexts up to float reordering.
 
+Shapes, so that a rollout compiles few programs: a call's chunk width is a power of two
+(>= `chunk_bucket`), its cache width a multiple of `length_bucket`, its batch the caller's
+`batch_multiple`.
+
 `prefill_tokens` counts the real tokens prefilled over the object's life (the figure that KV reuse
 cuts); `prefill_slots` the padded slots the prefills computed.
 """
@@ -33,17 +37,22 @@ from rlrag_jax.sampling import sampler as S
 from rlrag_jax.sampling import stop as stop_lib
 
 
+def _pow2(n: int, minimum: int) -> int:
+  return max(minimum, 1 << max(0, int(n) - 1).bit_length())
+
+
 class CachedContexts:
   """Rows of contexts continued across generate calls over one (config, params) pair."""
 
   def __init__(self, config, params, *, temperature: float = 1.0, top_k: int = 0,
                top_p: float = 1.0, eos_ids=(), pad_id: int = 0, tokenizer=None,
-               chunk_bucket: int = 16, packed_decode: bool = True):
+               chunk_bucket: int = 16, length_bucket: int = 64, packed_decode: bool = True):
     self.config, self.params = config, params
     self.temperature, self.top_k, self.top_p = temperature, top_k, top_p
     self.eos = S._eos_array(eos_ids)
     self.pad_id, self.tokenizer = int(pad_id), tokenizer
     self.chunk_bucket, self.packed_decode = int(chunk_bucket), packed_decode
+    self.length_bucket = int(length_bucket)
     self.cache = None
     self.rows = 0              # rows of the last call (its cache may hold padding rows too)
     self.cached = None         # [rows] real slots of each row in the cache
@@ -142,12 +151,12 @@ class CachedContexts:
     b = len(parents)
     padded = -(-b // batch_multiple) * batch_multiple
     rows = np.asarray(parents + [parents[0]] * (padded - b), np.int32)
-    width = -(-max(len(f) for f in feed) // self.chunk_bucket) * self.chunk_bucket
+    width = _pow2(max(len(f) for f in feed), self.chunk_bucket)
     ids, mask = S.left_pad(feed + [[self.pad_id]] * (padded - b), self.pad_id, length=width)
     mask[b:] = False                          # padding rows: copies of row 0, never sampled
     mode, temp, table, valid, n = self._settings(greedy, stop, max_new_tokens)
     cached = self.cached[np.asarray(parents)]
-    length = S.bucket_length(int(cached.max()) + width + n)
+    length = -(-(int(cached.max()) + width + n) // self.length_bucket) * self.length_bucket
     out, self.cache = S._extend_jit(
         self.params, self.cache, rows, ids, mask, S._as_key(rng),
         self._row_max(b, padded, max_new_tokens, max_new_tokens_per_row), temp,
