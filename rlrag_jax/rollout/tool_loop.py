@@ -28,12 +28,13 @@ for one more ends there ('max_turns'). `max_total_len` bounds prompt + completio
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Optional, Sequence
+from typing import Optional, Sequence
 
 import jax
 import numpy as np
 
 from rlrag_jax.sampling import stop as stop_lib
+from rlrag_jax.sampling.sampler import pow2_bucket
 
 # Why a row finished.
 FINISH_EOS = "eos"                  # the policy ended the episode
@@ -77,10 +78,6 @@ class ToolLoopResult:
 
   def texts(self, tokenizer, skip_special_tokens: bool = False) -> list:
     return tokenizer.batch_decode(self.completion_ids, skip_special_tokens=skip_special_tokens)
-
-
-def _pow2(n: int, minimum: int) -> int:
-  return max(minimum, 1 << max(0, int(n) - 1).bit_length())
 
 
 def _call_env(env, rows: list, turn_texts: list, completions: list) -> list:
@@ -179,19 +176,17 @@ def run_tool_loop(policy, prompts: Sequence[Sequence[int]], env, *, rng, tokeniz
     room = np.minimum([max_total_len - len(c) for c in contexts], per_turn)
     width = -(-max(len(c) for c in contexts) // context_bucket) * context_bucket
     key = jax.random.fold_in(rng, t)
+    kw = dict(greedy=greedy, max_new_tokens=per_turn, stop=stops, max_new_tokens_per_row=room)
     if ctx is None:
-      gen = policy.sample(contexts, key, greedy=greedy, max_new_tokens=per_turn, stop=stops,
-                          max_new_tokens_per_row=room,
-                          batch_multiple=_pow2(len(active), min_batch), prompt_length=width)
+      gen = policy.sample(contexts, key, batch_multiple=pow2_bucket(len(active), min_batch),
+                          prompt_length=width, **kw)
     elif t == 0:
-      gen = ctx.start(prompts[::g], key, greedy=greedy, max_new_tokens=per_turn, stop=stops,
-                      max_new_tokens_per_row=room, group_size=g,
-                      batch_multiple=_pow2(n // g, max(1, min_batch // g)), prompt_length=width)
+      gen = ctx.start(prompts[::g], key, group_size=g, prompt_length=width,
+                      batch_multiple=pow2_bucket(n // g, max(1, min_batch // g)), **kw)
     else:
       slot = {i: j for j, i in enumerate(called)}
       gen = ctx.extend([slot[i] for i in active], [obs_new[i] for i in active], key,
-                       greedy=greedy, max_new_tokens=per_turn, stop=stops,
-                       max_new_tokens_per_row=room, batch_multiple=_pow2(len(active), min_batch))
+                       batch_multiple=pow2_bucket(len(active), min_batch), **kw)
     called = list(active)
     lengths = np.asarray(gen.lengths)
     toks = np.asarray(gen.tokens)

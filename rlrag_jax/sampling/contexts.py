@@ -13,10 +13,11 @@ through `generate_with_params`. Here the cache of the last call is kept on devic
 `parents` may skip rows (finished episodes) and repeat them (tree branches fork a prefix: the
 rows are copied inside the jitted call, never recomputed). Rows always refer to the LAST call, so
 a tree rollout makes one call per level over all the nodes it continues (a node reached by forced
-tokens only keeps its parent's row and passes the forced tokens as its chunk next time). Each call first re-lays the kept
-cache out for the chosen rows (real slots packed in order, to a bucketed width), prefills the
-chunks (each row's last generated token, which a call never writes into the cache, then the new
-tokens), and runs the same decode loop as `generate_with_params`. Outputs equal those of
+tokens only keeps its parent's row and passes the forced tokens as its chunk next time).
+
+Each call first re-lays the kept cache out for the chosen rows (real slots packed in order, to a
+bucketed width), prefills the chunks (each row's last generated token, which a call never writes
+into the cache, then the new tokens), and runs the same decode loop as `generate_with_params`. Outputs equal those of
 re-prefilling the whole contexts up to float reordering.
 
 Shapes, so that a rollout compiles few programs: a call's chunk width is a power of two
@@ -35,10 +36,6 @@ import numpy as np
 from rlrag_jax.models.decoder import init_cache
 from rlrag_jax.sampling import sampler as S
 from rlrag_jax.sampling import stop as stop_lib
-
-
-def _pow2(n: int, minimum: int) -> int:
-  return max(minimum, 1 << max(0, int(n) - 1).bit_length())
 
 
 class CachedContexts:
@@ -151,7 +148,7 @@ class CachedContexts:
     b = len(parents)
     padded = -(-b // batch_multiple) * batch_multiple
     rows = np.asarray(parents + [parents[0]] * (padded - b), np.int32)
-    width = _pow2(max(len(f) for f in feed), self.chunk_bucket)
+    width = S.pow2_bucket(max(len(f) for f in feed), self.chunk_bucket)
     ids, mask = S.left_pad(feed + [[self.pad_id]] * (padded - b), self.pad_id, length=width)
     mask[b:] = False                          # padding rows: copies of row 0, never sampled
     mode, temp, table, valid, n = self._settings(greedy, stop, max_new_tokens)

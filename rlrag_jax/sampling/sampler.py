@@ -393,6 +393,11 @@ def bucket_length(n: int, minimum: int = 16) -> int:
   return -(-n // step) * step
 
 
+def pow2_bucket(n: int, minimum: int = 1) -> int:
+  """The smallest power of two >= n, and >= minimum (batch and chunk buckets)."""
+  return max(int(minimum), 1 << max(0, int(n) - 1).bit_length())
+
+
 def left_pad(prompt_ids, pad_id: int = 0, prompt_lengths=None, length: Optional[int] = None):
   """Prompts -> (ids [B, P] int32, mask [B, P] bool) left-padded to P (default: bucketed max).
 
