@@ -3,6 +3,7 @@ tiny end-to-end run (slow)."""
 import json
 import math
 
+import numpy as np
 import pytest
 
 from rlrag_jax.experiments import kl_stability as kls
@@ -107,3 +108,29 @@ def test_tiny_experiment_end_to_end(tmp_path):
   assert runs["k2"][0]["reward/total"] == runs["k3"][0]["reward/total"]
   saved = json.loads((tmp_path / "kl_stability.json").read_text())
   assert saved["settings"]["lr"] == 0.01 and saved["settings"]["beta"] == 0.3
+
+
+def test_kl_stability_seeds_aggregate_by_hand(tmp_path):
+  """--seeds: finished seeds are not rerun; figures are mean ± std over the seeds' summaries."""
+  for s, (a, b) in enumerate([(0.1, 0.3), (0.2, 0.5)]):
+    sub = tmp_path / f"seed_{s}"
+    for est, kl in (("k2", a), ("k3", b)):
+      (sub / est).mkdir(parents=True)
+      rows = [{"step": i + 1, "stage": "rl", "kl_k3": kl * i, "reward/total": 1.0,
+               "grad_norm": 1.0} for i in range(4)]
+      (sub / est / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    summary = {est: {"max_kl_k3": kl, "spikes": s, "final_reward": 1.0}
+               for est, kl in (("k2", a), ("k3", b))}
+    (sub / "kl_stability.json").write_text(json.dumps({"settings": {
+        "config": "configs/arena.py", "set": [f"seed={s}"], "sft_steps": 1, "rl_steps": 4,
+        "lr": 0.1, "beta": 0.5}, "summary": summary}))
+  args = kls.build_parser().parse_args(["--workdir", str(tmp_path), "--seeds", "0,1"])
+  text = kls.run_seeds(args)                      # nothing to run: both seeds are finished
+  saved = json.loads((tmp_path / "kl_stability_seeds.json").read_text())
+  assert saved["figures"]["k3"]["max_kl_k3"] == pytest.approx([0.4, np.std([0.3, 0.5], ddof=1)])
+  assert saved["figures"]["k2"]["spikes"] == pytest.approx([0.5, np.std([0, 1], ddof=1)])
+  # kl_k3 rises by `kl` a step: its step-to-step changes have std 0
+  assert saved["curves"]["k3"]["kl_k3"]["step_change_std"] == pytest.approx([0.0, 0.0])
+  assert saved["curves"]["k3"]["kl_k3"]["last_quarter"][0] == pytest.approx(3 * 0.4)
+  assert "| k3 | 0.4 ± 0.14 |" in text
+  assert (tmp_path / "kl_stability_seeds.png").exists()

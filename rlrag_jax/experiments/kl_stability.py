@@ -1,7 +1,8 @@
 """KL-estimator stability: the same short GRPO run with k2 and with k3 at an aggressive lr.
 
   python -m rlrag_jax.experiments.kl_stability [--workdir runs/kl_stability --rl-steps 24
-      --lr-mult 20 --beta 0.5 --sft-steps 100 --estimators k2,k3 --set rl.group_size=8 ...]
+      --lr-mult 20 --beta 0.5 --sft-steps 100 --estimators k2,k3 --set rl.group_size=8 ...
+      --seeds 0,1,2]
 
 ARENA (appendix B) argues for k2 as the KL loss term. With r = pi_ref / pi on a sampled token,
 the gradient of k2 = (log r)^2 / 2 with respect to log pi is -log r (linear in the log-ratio),
@@ -286,6 +287,61 @@ def run_experiment(args, base=None) -> dict:
   return summaries
 
 
+# ------------------------------------------------------------------------------------ seeds
+SEED_FIGURES = ("max_kl_k3", "final_kl_k3", "spikes", "max_grad_norm", "first_reward",
+                "final_reward", "eval_reward_after", "eval_format_after")
+SMOOTHNESS = ("kl_k3", "reward/total", "grad_norm")
+
+
+def aggregate_seeds(workdir: pathlib.Path, seeds: Sequence[int]) -> str:
+  """Per estimator, mean ± std over seeds of each seed's summary figures and of the curves'
+  step-to-step change std (smoothness; `experiments.seeds.curve_stats`). Writes
+  <workdir>/kl_stability_seeds.{md,json,png}; returns the markdown."""
+  from rlrag_jax.experiments import seeds as seeds_lib
+  per_seed = {s: json.loads((workdir / f"seed_{s}" / "kl_stability.json").read_text())
+              for s in seeds}
+  estimators = list(next(iter(per_seed.values()))["summary"])
+  dirs = {e: {s: workdir / f"seed_{s}" / e for s in seeds} for e in estimators}
+  figures = {e: {k: seeds_lib.mean_std([_num(per_seed[s]["summary"][e].get(k)) for s in seeds])
+                 for k in SEED_FIGURES} for e in estimators}
+  curves = seeds_lib.summarise_curves(dirs, SMOOTHNESS)
+  settings = next(iter(per_seed.values()))["settings"]
+  lines = [f"# KL-estimator stability over seeds {', '.join(map(str, seeds))}", "",
+           f"{settings['config']} {' '.join(x for x in settings['set'] if not x.startswith('seed='))}"
+           f"; SFT warm-up {settings['sft_steps']} steps; RL {settings['rl_steps']} steps at lr "
+           f"{settings['lr']:g}, beta {settings['beta']:g}. Mean ± std over seeds.", "",
+           "| estimator | " + " | ".join(SEED_FIGURES) + " |",
+           "|---|" + "---|" * len(SEED_FIGURES)]
+  for e in estimators:
+    lines.append(f"| {e} | " + " | ".join(f"{m:.3g} ± {sd:.2g}" for m, sd in
+                                           (figures[e][k] for k in SEED_FIGURES)) + " |")
+  lines += ["", seeds_lib.curves_markdown(curves)]
+  text = "\n".join(lines)
+  (workdir / "kl_stability_seeds.md").write_text(text)
+  (workdir / "kl_stability_seeds.json").write_text(json.dumps(
+      {"seeds": list(seeds), "settings": settings, "figures": figures, "curves": curves},
+      indent=1))
+  seeds_lib.plot_curves(dirs, workdir / "kl_stability_seeds.png", metrics=SMOOTHNESS)
+  return text
+
+
+def run_seeds(args) -> str:
+  """--seeds: the experiment once per seed in <workdir>/seed_<S> (a seed with its
+  kl_stability.json is not rerun), then `aggregate_seeds`."""
+  seeds = [int(x) for x in args.seeds.split(",") if x.strip()]
+  root = pathlib.Path(args.workdir)
+  for s in seeds:
+    sub = root / f"seed_{s}"
+    if (sub / "kl_stability.json").exists():
+      print(f"seed {s}: done already ({sub})")
+      continue
+    run_experiment(argparse.Namespace(**{**vars(args), "workdir": str(sub),
+                                         "set": list(args.set) + [f"seed={s}"]}))
+  text = aggregate_seeds(root, seeds)
+  print(text)
+  return text
+
+
 def build_parser() -> argparse.ArgumentParser:
   ap = argparse.ArgumentParser(prog="python -m rlrag_jax.experiments.kl_stability",
                                description=__doc__,
@@ -309,6 +365,9 @@ def build_parser() -> argparse.ArgumentParser:
   ap.add_argument("--reuse-warmup", action="store_true",
                   help="keep <workdir>/warmup/hf when it exists instead of training it again")
   ap.add_argument("--quiet", action="store_true", help="no progress bars")
+  ap.add_argument("--seeds", default="",
+                  help="e.g. 0,1,2: run once per seed in <workdir>/seed_<S> (finished seeds are "
+                  "kept) and write mean ± std over seeds to <workdir>/kl_stability_seeds.md")
   return ap
 
 
@@ -316,7 +375,7 @@ def main(argv=None):
   import logging
   logging.basicConfig(level=logging.WARNING)
   args = build_parser().parse_args(argv)
-  return run_experiment(args)
+  return run_seeds(args) if args.seeds else run_experiment(args)
 
 
 if __name__ == "__main__":
