@@ -306,9 +306,9 @@ def aggregate_seeds(workdir: pathlib.Path, seeds: Sequence[int]) -> str:
                  for k in SEED_FIGURES} for e in estimators}
   curves = seeds_lib.summarise_curves(dirs, SMOOTHNESS)
   settings = next(iter(per_seed.values()))["settings"]
+  shared = " ".join(x for x in settings["set"] if not x.startswith("seed="))
   lines = [f"# KL-estimator stability over seeds {', '.join(map(str, seeds))}", "",
-           f"{settings['config']} {' '.join(x for x in settings['set'] if not x.startswith('seed='))}"
-           f"; SFT warm-up {settings['sft_steps']} steps; RL {settings['rl_steps']} steps at lr "
+           f"{settings['config']} {shared}; SFT warm-up {settings['sft_steps']} steps; RL {settings['rl_steps']} steps at lr "
            f"{settings['lr']:g}, beta {settings['beta']:g}. Mean ± std over seeds.", "",
            "| estimator | " + " | ".join(SEED_FIGURES) + " |",
            "|---|" + "---|" * len(SEED_FIGURES)]
