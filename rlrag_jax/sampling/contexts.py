@@ -46,7 +46,9 @@ class CachedContexts:
                chunk_bucket: int = 16, length_bucket: int = 64, packed_decode: bool = True):
     self.config, self.params = config, params
     self.temperature, self.top_k, self.top_p = temperature, top_k, top_p
-    self.eos = S._eos_array(eos_ids)
+    self.eos_ids = ((int(eos_ids),) if isinstance(eos_ids, (int, np.integer))
+                    else tuple(int(e) for e in eos_ids or ()))
+    self.eos = S._eos_array(self.eos_ids)
     self.pad_id, self.tokenizer = int(pad_id), tokenizer
     self.chunk_bucket, self.packed_decode = int(chunk_bucket), packed_decode
     self.length_bucket = int(length_bucket)
@@ -94,7 +96,7 @@ class CachedContexts:
     gen, self.cache = S.generate_with_params(
         self.config, self.params, [list(p) for p in prompts], max_new_tokens=max_new_tokens,
         temperature=0.0 if greedy else self.temperature, top_k=self.top_k, top_p=self.top_p,
-        stop=stop, rng=rng, eos_ids=tuple(int(e) for e in self.eos if e >= 0),
+        stop=stop, rng=rng, eos_ids=self.eos_ids,
         max_new_tokens_per_row=max_new_tokens_per_row, pad_id=self.pad_id,
         tokenizer=self.tokenizer, batch_multiple=batch_multiple, prompt_length=prompt_length,
         group_size=group_size, packed_decode=self.packed_decode, keep_cache=True)
