@@ -66,9 +66,10 @@ def run(config, *, resume: bool = False, progress: bool = True,
   r.ckpt.close()
   r.compiles.close()
   log.info("XLA compiles over the run: %d (%.1f s)", r.compiles.count, r.compiles.seconds)
-  after = r.evaluate("after RL")
+  label = report.final_label(config)
+  after = r.evaluate(label)
   r.rlog.write(r.step, "eval_after", after["all"])
-  report.write_report(r.workdir, r.rlog, r.before, after, time.time() - t_start)
+  report.write_report(r.workdir, r.rlog, r.before, after, time.time() - t_start, label)
   if hasattr(r.task, "report"):
     r.task.report(r.workdir, r.rlog)
   if config.export_hf:

@@ -30,14 +30,25 @@ def log_step(rlog, step, stage, m, every, bar):
       bar.set_postfix({stage: " ".join(f"{k.split('/')[-1]}={v:.3f}" for k, v in shown.items())})
 
 
-def write_report(workdir, rlog, before, after, seconds):
+def final_label(config) -> str:
+  """What the final evaluation is called: after the last stage that trained ("after RL",
+  "after SFT"), or "untrained" when no stage ran a step. The summary JSON keeps the key
+  "after" whatever the label."""
+  if int(config.rl.steps) > 0:
+    return "after RL"
+  if int(config.sft.steps) > 0:
+    return "after SFT"
+  return "untrained"
+
+
+def write_report(workdir, rlog, before, after, seconds, label="after RL"):
   keys = [k for k in (after or {}).get("all", {}) if k != "n"]
   rows = []
   if before:
     rows.append({"checkpoint": "warm-up (before RL)", **before["all"]})
-  rows.append({"checkpoint": "after RL", **after["all"]})
+  rows.append({"checkpoint": label, **after["all"]})
   table = runlog.format_table(rows, ["checkpoint"] + keys + ["n"], title="Held-out evaluation")
-  hop_rows = [{"checkpoint": "after RL", "split": k, **v} for k, v in after.items()
+  hop_rows = [{"checkpoint": label, "split": k, **v} for k, v in after.items()
               if k.startswith(("hops=", "dataset="))]
   if hop_rows:
     table += "\n\n" + runlog.format_table(hop_rows, ["split"] + keys + ["n"],
