@@ -52,7 +52,7 @@ def shift_logprobs(logits: Array, input_ids: Array, with_entropy: bool = False,
 
 
 def predicted_logprobs(pred: Array, input_ids: Array, with_entropy: bool = False,
-                       temperature: float = 1.0, start: int = 0):
+                       temperature: float = 1.0, start: int = 0, entropy_grad: bool = False):
   """Like `shift_logprobs`, from the logits of positions start..T-2 only: pred [B, T-1-start, V].
 
   A model that projects only those positions onto the vocabulary skips the slice of the full
@@ -60,6 +60,7 @@ def predicted_logprobs(pred: Array, input_ids: Array, with_entropy: bool = False
   pads the logits gradient back to T columns before the head's weight gradient). With
   `start > 0` (see `rollout.batch.logits_start`) the prompt's positions are skipped too: the
   outputs are still [B, T], with 0 at positions 0..start, which no target there may need.
+  The entropy carries no gradient unless `entropy_grad` (an entropy bonus in the loss).
   """
   if temperature != 1.0:
     pred = pred.astype(jnp.float32) / temperature
@@ -67,7 +68,8 @@ def predicted_logprobs(pred: Array, input_ids: Array, with_entropy: bool = False
   lp = jnp.pad(lp, ((0, 0), (start + 1, 0)))
   if not with_entropy:
     return lp
-  ent = jnp.pad(token_entropy(jax.lax.stop_gradient(pred)), ((0, 0), (start + 1, 0)))
+  ent = jnp.pad(token_entropy(pred if entropy_grad else jax.lax.stop_gradient(pred)),
+                ((0, 0), (start + 1, 0)))
   return lp, ent
 
 

@@ -178,6 +178,9 @@ class LossConfig:
   kl_estimator: str = "k3"
   temperature: float = 1.0               # the sampler's temperature
   compute_entropy: bool = True
+  entropy_coef: float = 0.0              # > 0: minus this times the aggregated token entropy
+                                         # joins the loss (an exploration bonus; needs
+                                         # compute_entropy)
 
   def __post_init__(self):
     if self.aggregation not in AGGREGATIONS:
@@ -188,6 +191,9 @@ class LossConfig:
                        f"{sorted(KL_ESTIMATORS)}")
     if self.aggregation == "constant" and not self.max_completion_len:
       raise ValueError("loss.aggregation='constant' needs loss.max_completion_len >= 1")
+    if self.entropy_coef < 0 or (self.entropy_coef and not self.compute_entropy):
+      raise ValueError(f"loss.entropy_coef is {self.entropy_coef}; expected >= 0, and "
+                       "compute_entropy=True when it is > 0")
 
   @classmethod
   def from_config(cls, cfg) -> "LossConfig":
@@ -279,10 +285,11 @@ def _pred_logits(module, params, mb, mesh, rules, start: int):
                     mesh, rules)                                             # [b, T-1-start, V]
 
 
-def _apply_logits(module, params, mb, temperature, with_entropy, mesh, rules, start: int):
+def _apply_logits(module, params, mb, temperature, with_entropy, mesh, rules, start: int,
+                  entropy_grad: bool = False):
   return predicted_logprobs(_pred_logits(module, params, mb, mesh, rules, start),
                             mb["input_ids"], with_entropy=with_entropy, temperature=temperature,
-                            start=start)
+                            start=start, entropy_grad=entropy_grad)
 
 
 def _check_start(start, width: int, where: str) -> int:
@@ -378,7 +385,7 @@ def make_policy_step(module, opt, mesh: Mesh, loss_cfg: LossConfig = LossConfig(
 
   def mb_loss(params, mb, norms, start):
     out = _apply_logits(module, params, mb, cfg.temperature, cfg.compute_entropy, mesh, rules,
-                        start)
+                        start, entropy_grad=cfg.entropy_coef > 0)
     logp, ent = out if cfg.compute_entropy else (out, None)
     m = _loss_mask(mb["loss_mask"])
     old = mb.get("old_logp")
@@ -404,6 +411,9 @@ def make_policy_step(module, opt, mesh: Mesh, loss_cfg: LossConfig = LossConfig(
       if cfg.beta:
         kl_num, _ = aggregation_terms(k, m, cfg.aggregation, cfg.max_completion_len)
         loss = loss + cfg.beta * kl_num / norms["den"]
+    if cfg.entropy_coef:
+      ent_num, _ = aggregation_terms(ent, m, cfg.aggregation, cfg.max_completion_len)
+      loss = loss - cfg.entropy_coef * ent_num / norms["den"]
     return loss, sums
 
   def finalize(sums, norms):

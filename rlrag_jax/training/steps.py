@@ -60,7 +60,8 @@ class Steps:
     self.loss_cfg = ts.LossConfig(
         eps_low=rl.clip_eps_low, eps_high=rl.clip_eps_high, dual_clip=rl.dual_clip or None,
         aggregation=rl.aggregation, max_completion_len=rl.max_new_tokens, beta=rl.kl_beta,
-        kl_estimator=rl.kl_estimator, temperature=rl.temperature)
+        kl_estimator=rl.kl_estimator, temperature=rl.temperature,
+        entropy_coef=float(rl.get("entropy_coef", 0.0)))
     self.sft_step = ts.make_sft_step(self.module, self.sft_opt, mesh)
     self.rl_step = ts.make_policy_step(self.module, self.rl_opt, mesh, self.loss_cfg,
                                        micro_batches=rl.micro_batches)
