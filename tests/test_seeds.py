@@ -136,3 +136,26 @@ def test_curve_statistics_by_hand(tmp_path):
   assert out["b"]["kl"]["seeds"] == 1
   text = seeds.curves_markdown(out)
   assert "| kl | b | 0.300 ± 0.000 | 0.000 ± 0.000 | 1 |" in text
+
+
+def test_a_methods_own_metric_is_summarised(tmp_path):
+  """A metric outside METRICS (APEX's 'sepr') is summarised and plotted from its evaluations;
+  'n' and counts with a '/' are not."""
+  w = tmp_path / "s0"
+  w.mkdir()
+  (w / "eval_summary.json").write_text(json.dumps({
+      "before": {"sepr": 0.25, "n": 2}, "after": {"sepr": 0.75, "n": 2, "judge/failures": 1.0},
+      "minutes": 1.0}))
+  (w / "eval_rows.json").write_text(json.dumps({
+      "before": [{"id": "a", "sepr": 0.0}, {"id": "b", "sepr": 0.5}],
+      "after": [{"id": "a", "sepr": 1.0}, {"id": "b", "sepr": 0.5}]}))
+  rows = [{"step": 0, "stage": "eval_before", "sepr": 0.25},
+          {"step": 1, "stage": "rl", "sepr": 9.0, "reward/total": 1.0},
+          {"step": 1, "stage": "eval_after", "sepr": 0.75}]
+  (w / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+  runs = {"main": {0: seeds.load_run(w)}}
+  assert seeds.metric_names(runs) == list(seeds.METRICS) + ["sepr"]
+  st = seeds.summarise(runs, resamples=50)["arms"]["main"]["metrics"]["sepr"]
+  assert st["gain_per_seed"] == [0.5] and st["paired_examples"] == 2
+  assert seeds._curve(w, "sepr") == ([0, 1], [0.25, 0.75])    # pylint: disable=protected-access
+  assert seeds._curve(w, "reward/total") == ([1], [1.0])       # pylint: disable=protected-access

@@ -142,13 +142,27 @@ def load_run(workdir: pathlib.Path, before: str = "warmup", after: str = "final"
           "rows": {"before": b_rows, "after": a_rows}}
 
 
+def metric_names(runs: dict) -> list:
+  """METRICS in their order, then any other numeric metric the runs' final evaluations hold
+  (a method's own, e.g. APEX's 'sepr'), sorted; 'n' and counts such as 'judge/failures' are
+  left out."""
+  extra = set()
+  for by_seed in runs.values():
+    for run in by_seed.values():
+      for k, v in (run.get("after") or {}).items():
+        if k not in METRICS and k != "n" and "/" not in k and isinstance(v, (int, float)):
+          extra.add(k)
+  return list(METRICS) + sorted(extra)
+
+
 def summarise(runs: dict, resamples: int = 2000) -> dict:
   """runs: {arm: {seed: load_run(...)}} -> per arm and metric the statistics of seeds.md."""
   out = {"arms": {}, "comparison": {}}
+  names = metric_names(runs)
   for arm, by_seed in runs.items():
     seeds = sorted(by_seed)
     stats = {}
-    for m in METRICS:
+    for m in names:
       have = [s for s in seeds if m in (by_seed[s]["after"] or {})]
       if not have:
         continue
@@ -172,7 +186,7 @@ def summarise(runs: dict, resamples: int = 2000) -> dict:
   if len(arms) == 2:
     a, b = arms
     common = sorted(set(runs[a]) & set(runs[b]))
-    for m in METRICS:
+    for m in names:
       diffs = [d for s in common for d in pair_rows(runs[a][s]["rows"]["after"],
                                                     runs[b][s]["rows"]["after"], m)]
       per_seed = [runs[b][s]["after"][m] - runs[a][s]["after"][m] for s in common
@@ -259,14 +273,16 @@ def plot_curves(workdirs: dict, path: pathlib.Path, metrics=("em", "f1", "format
 
 
 def _curve(workdir: pathlib.Path, metric: str) -> tuple:
-  """(steps, values): the eval points for evaluation metrics (METRICS), else the RL training
-  rows (reward/…, kl, grad_norm, entropy, vf/…)."""
+  """(steps, values): the eval points for a metric the evaluations hold (METRICS and a method's
+  own, e.g. 'sepr'), else the RL training rows (reward/…, kl, grad_norm, entropy, vf/…)."""
   p = workdir / "metrics.jsonl"
   if not p.exists():
     return [], []
   rows = [json.loads(l) for l in p.read_text().splitlines() if l.strip()]
-  stages = ("eval_before", "eval", "eval_after") if metric in METRICS else ("rl",)
-  pts = [(r["step"], r[metric]) for r in rows if r.get("stage") in stages and metric in r]
+  evals = ("eval_before", "eval", "eval_after")
+  pts = [(r["step"], r[metric]) for r in rows if r.get("stage") in evals and metric in r]
+  if not pts and metric not in METRICS:
+    pts = [(r["step"], r[metric]) for r in rows if r.get("stage") == "rl" and metric in r]
   return [s for s, _ in pts], [v for _, v in pts]
 
 
