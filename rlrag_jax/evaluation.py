@@ -31,8 +31,12 @@ def evaluate(task, policy, examples: Sequence, *, batch_size: int = 64, seed: in
       episodes = task.eval_rollout(policy, chunk, sub)
     else:
       episodes = task.rollout(policy, chunk, sub, group_size=1, greedy=True)
-    for ep in episodes:
-      m = dict(task.eval_metrics(ep))
+    if hasattr(task, "eval_metrics_batch"):   # one call a batch (e.g. one encoder call)
+      batch_metrics = list(task.eval_metrics_batch(episodes))
+    else:
+      batch_metrics = [task.eval_metrics(ep) for ep in episodes]
+    for ep, em in zip(episodes, batch_metrics):
+      m = dict(em)
       has_hops = has_hops or hasattr(ep.example, "hops")
       m["hops"] = int(getattr(ep.example, "hops", 0) or 0)
       m["id"] = getattr(ep.example, "id", "")

@@ -60,6 +60,8 @@ class Task(Protocol):
   #                                    several SFT samples per example (roles, turns).
   #   eval_rollout(policy, examples, rng) -> episodes
   #                                    evaluation that differs from training rollouts.
+  #   eval_metrics_batch(episodes) -> [dict, ...]
+  #                                    eval_metrics for a whole evaluation batch at once.
   #   state_dict() / load_state_dict(d)  JSON state the task grows while training (e.g. a
   #                                    training pool from its own rollouts); checkpointed.
   #   bind_models({name: LM})          the config's auxiliary models (frozen reader, ...).
