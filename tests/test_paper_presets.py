@@ -17,7 +17,7 @@ import jax
 import numpy as np
 import pytest
 
-from configs import arena, search
+from configs import apex_planner, arena, search
 from rlrag_jax import trainer
 from rlrag_jax.models import LM, load_hf
 from hf_tiny import load_reference, make_tiny_checkpoint
@@ -72,7 +72,17 @@ def search_paper(ckpt, workdir):
   return c
 
 
-PRESETS = {"arena": (arena_paper, "qwen2"), "search": (search_paper, "llama")}
+def apex_planner_paper(ckpt, workdir):
+  c = _shrink(apex_planner.get_config("paper"), ckpt, workdir)
+  c.data.max_train = 6                                   # MuSiQue train / dev samples
+  c.data.max_eval = 2
+  c.rl.max_new_tokens = 8
+  c.eval.max_new_tokens = 8
+  return c
+
+
+PRESETS = {"arena": (arena_paper, "qwen2"), "search": (search_paper, "llama"),
+           "apex_planner": (apex_planner_paper, "qwen2")}
 
 
 def _questions(examples):
