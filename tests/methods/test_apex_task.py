@@ -111,3 +111,17 @@ def test_tiny_planner_run_writes_sepr(tmp_path):
   assert len(rl_rows) == 2 and all(np.isfinite(r["loss"]) and "reward/sepr" in r
                                    for r in rl_rows)
   assert res.after["all"]["sepr"] == summary["after"]["sepr"]
+
+
+def test_gold_plan_file_and_symbolic_rewrite(task, monkeypatch):
+  import dataclasses
+  from rlrag_jax.data.schema import Step
+  ex = task.train[0]
+  sym = dataclasses.replace(ex, id="sym", decomposition=[
+      Step("Anna Bell >> place of birth", "Rome"), Step("#1 >> country", "Italy")])
+  assert task.gold(sym) == ["Where was Anna Bell born?", "Which country is #1 in?"]
+  monkeypatch.setattr(task, "rewrite_symbolic", False)
+  assert task.gold(sym) == ["Anna Bell >> place of birth", "#1 >> country"]
+  monkeypatch.setattr(task, "gold_plans", {"sym": ["From the file?"]})
+  assert task.gold(sym) == ["From the file?"]
+  assert task.gold(ex) == plans.gold_steps(ex)

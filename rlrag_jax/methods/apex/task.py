@@ -6,11 +6,12 @@
 """
 from __future__ import annotations
 
+import collections
 import logging
 from typing import Sequence
 
 from rlrag_jax.data import sources
-from rlrag_jax.methods.apex import plans, sepr
+from rlrag_jax.methods.apex import plans, rewrite, sepr
 from rlrag_jax.rollout.single_turn import single_turn
 
 ROLES = ("planner", "executor")
@@ -39,6 +40,15 @@ class PlannerTask:
       raise ValueError("apex planner: no training example has a gold decomposition of at most "
                        f"apex.max_steps={self.max_steps} steps")
     self.corpus = sel.corpus
+    self.gold_plans = rewrite.read_plans(a.gold_plans) if a.get("gold_plans") else {}
+    self.rewrite_symbolic = bool(a.get("rewrite_symbolic", True))
+    kinds = collections.Counter()
+    for ex in self.train:
+      if str(ex.id) not in self.gold_plans:
+        kinds.update(rewrite.rewrite_plan(plans.gold_steps(ex))[1])
+    if self.rewrite_symbolic and (kinds["template"] or kinds["generic"] or kinds["failed"]):
+      log.info("apex: gold plan steps of the training set: %s (symbolic 'X >> relation' steps "
+               "rewritten by rlrag_jax/methods/apex/rewrite.py)", dict(kinds))
     self._encoder = encoder
     self._scorer = None
     self.threshold = float(a.sepr_threshold)
@@ -62,7 +72,12 @@ class PlannerTask:
     return self.tokenizer(self.prompt_text(ex), add_special_tokens=False)["input_ids"]
 
   def gold(self, ex) -> list:
-    return plans.gold_steps(ex)
+    """The gold plan: `apex.gold_plans`'s entry for the example, else its decomposition with
+    MuSiQue's symbolic steps rewritten (apex.rewrite_symbolic)."""
+    if str(ex.id) in self.gold_plans:
+      return list(self.gold_plans[str(ex.id)])
+    steps = plans.gold_steps(ex)
+    return rewrite.rewrite_plan(steps)[0] if self.rewrite_symbolic else steps
 
   def sft_target(self, ex) -> str:
     return plans.render(self.gold(ex))
