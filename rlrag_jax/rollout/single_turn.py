@@ -8,6 +8,13 @@ import numpy as np
 from rlrag_jax.tasks import Episode
 
 
+def decode_keeping_tags(tokenizer, ids: Sequence[int]) -> str:
+  """A completion's text with the tokenizer's added tags kept (parsers read '<answer>' and the
+  like) and its EOS text removed."""
+  return tokenizer.decode(list(ids), skip_special_tokens=False).replace(
+      tokenizer.eos_token or "\x00", "").strip()
+
+
 def completion_ids(gen, row: int) -> list:
   """The generated tokens of one row (up to and including its stop/EOS token)."""
   n = int(np.asarray(gen.lengths)[row])

@@ -151,7 +151,7 @@ def main(argv=None):
           for k in KINDS]
   table = runlog.format_table(rows, ["pairs", "n", "mean", "min", "p5", "p50", "p95", "max",
                                      "above_threshold"])
-  md = [f"# SEPR threshold calibration (`python -m rlrag_jax.methods.apex.calibrate`)", "",
+  md = ["# SEPR threshold calibration (`python -m rlrag_jax.methods.apex.calibrate`)", "",
         f"Encoder `{encoder.id}`; pairs of sub-questions from the embedded world (seed "
         f"{args.seed}, the CPU default sizes); cosine similarity per pair.", "",
         "```", table, "```", "",

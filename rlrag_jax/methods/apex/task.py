@@ -12,7 +12,7 @@ from typing import Sequence
 
 from rlrag_jax.data import sources
 from rlrag_jax.methods.apex import plans, rewrite, sepr
-from rlrag_jax.rollout.single_turn import single_turn
+from rlrag_jax.rollout.single_turn import decode_keeping_tags, single_turn
 
 ROLES = ("planner", "executor")
 PLAN_CUE = "Plan:\n"
@@ -94,8 +94,7 @@ class PlannerTask:
 
   # ---------------------------------------------------------------- rollouts and rewards
   def decode(self, ids: Sequence[int]) -> str:
-    return self.tokenizer.decode(list(ids), skip_special_tokens=False).replace(
-        self.tokenizer.eos_token or "\x00", "").strip()
+    return decode_keeping_tags(self.tokenizer, ids)
 
   def rollout(self, policy, examples, rng, *, group_size=1, greedy=False):
     return single_turn(policy, examples, self.prompt_ids, self.decode, rng,

@@ -9,7 +9,7 @@ from rlrag_jax import judge as judge_lib
 from rlrag_jax import metrics
 from rlrag_jax.data import sources
 from rlrag_jax.methods.arena import parsing, prompts, rewards, sft
-from rlrag_jax.rollout.single_turn import single_turn
+from rlrag_jax.rollout.single_turn import decode_keeping_tags, single_turn
 
 SPECIAL_TOKENS = ("<relevance>", "</relevance>", "<analysis>", "</analysis>", "<answer>",
                   "</answer>")
@@ -80,8 +80,7 @@ class ArenaTask:
 
   # ---------------------------------------------------------------- rollouts and rewards
   def decode(self, ids: Sequence[int]) -> str:
-    return self.tokenizer.decode(list(ids), skip_special_tokens=False).replace(
-        self.tokenizer.eos_token or "\x00", "").strip()
+    return decode_keeping_tags(self.tokenizer, ids)
 
   def rollout(self, policy, examples, rng, *, group_size=1, greedy=False):
     return single_turn(policy, examples, self.prompt_ids, self.decode, rng,
