@@ -91,9 +91,7 @@ def get_config(arg: str = ""):
     # The search agent's smaller world (860 passages): a from-scratch model meets each name
     # often enough to learn to copy it. Seed 0, 400 SFT steps: warm-up EM 0.16 here, 0.06 on
     # the project-default world (1000 people); with sft.prompt_loss 0.24 (0.085 on the default).
-    c.data.world = config_base.world_config(
-        num_countries=12, num_cities=48, num_people=320, num_orgs=80, num_films=200,
-        num_books=200, num_questions=2400)
+    c.data.world = config_base.world_config(**config_base.SMALL_WORLD)
     c.data.max_contexts = 3
     c.data.prompt_style = "compact"     # a from-scratch model gains nothing from a fixed preamble
     c.data.analysis_style = "chain"     # short gold analyses: completions fit 64 new tokens

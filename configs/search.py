@@ -128,9 +128,7 @@ def get_config(arg: str = ""):
     # A smaller world than the project default (860 passages, 1920 / 240 / 240 questions): the
     # tiny model meets every name often enough to learn to copy names into queries and answers
     # within the CPU budget (on the full world 300 SFT steps left it below 5% EM).
-    c.data.world = config_base.world_config(
-        num_countries=12, num_cities=48, num_people=320, num_orgs=80, num_films=200,
-        num_books=200, num_questions=2400)
+    c.data.world = config_base.world_config(**config_base.SMALL_WORLD)
     c.data.prompt_style = "compact"     # a from-scratch model gains nothing from a fixed preamble
     c.data.max_eval = 240               # the whole dev split
     c.sft.steps = 600

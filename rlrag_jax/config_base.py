@@ -43,6 +43,12 @@ trainer (`rlrag_jax.trainer`) reads these sections for every method:
 import ml_collections
 
 
+# The CPU defaults' smaller world (860 passages, 1920 / 240 / 240 questions): a from-scratch
+# model meets each name often enough to learn to copy it within a 2-core CPU budget.
+SMALL_WORLD = dict(num_countries=12, num_cities=48, num_people=320, num_orgs=80, num_films=200,
+                   num_books=200, num_questions=2400)
+
+
 def world_config(**overrides) -> ml_collections.ConfigDict:
   """`data.world`: the seed and every `world.WorldConfig` field at its default, so that any
   size or mix can be set from the command line (--config.data.world.num_people=320)."""

@@ -125,9 +125,8 @@ def main(argv=None):
   args = ap.parse_args(argv)
   from rlrag_jax import runlog
   from rlrag_jax.retrieval.encoder import Encoder
-  # The CPU default world of the ARENA / search / APEX configs.
-  world = world_lib.build(seed=args.seed, num_countries=12, num_cities=48, num_people=320,
-                          num_orgs=80, num_films=200, num_books=200, num_questions=2400)
+  from rlrag_jax.config_base import SMALL_WORLD      # the CPU defaults' world
+  world = world_lib.build(seed=args.seed, **SMALL_WORLD)
   encoder = Encoder.from_pretrained(args.encoder or None)
   pairs = build_pairs(world, args.max_per_kind, args.seed)
   sims = pair_similarities(encoder, pairs)
