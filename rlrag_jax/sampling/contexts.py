@@ -17,8 +17,8 @@ tokens only keeps its parent's row and passes the forced tokens as its chunk nex
 
 Each call first re-lays the kept cache out for the chosen rows (real slots packed in order, to a
 bucketed width), prefills the chunks (each row's last generated token, which a call never writes
-into the cache, then the new tokens), and runs the same decode loop as `generate_with_params`. Outputs equal those of
-re-prefilling the whole contexts up to float reordering.
+into the cache, then the new tokens), and runs the same decode loop as `generate_with_params`.
+Outputs equal those of re-prefilling the whole contexts up to float reordering.
 
 Shapes, so that a rollout compiles few programs: a call's chunk width is a power of two
 (>= `chunk_bucket`), its cache width a multiple of `length_bucket`, its batch the caller's

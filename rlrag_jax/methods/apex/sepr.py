@@ -26,25 +26,28 @@ import numpy as np
 DEFAULT_THRESHOLD = 0.9
 
 
-def match_pairs(sim: np.ndarray, threshold: float) -> list:
-  """The Hungarian assignment on cost 1 - sim, kept where sim >= threshold: [(i, j), ...]."""
-  from scipy.optimize import linear_sum_assignment   # pylint: disable=g-import-not-at-top
+def _matrix(sim) -> np.ndarray:
   sim = np.asarray(sim, dtype=np.float64)
   if sim.ndim != 2:
     raise ValueError(f"sepr: similarity must be a [pred, gold] matrix, got shape {sim.shape}")
-  if sim.size == 0:
-    return []
   if not np.all(np.isfinite(sim)):
     raise ValueError("sepr: similarity matrix holds non-finite values")
+  return sim
+
+
+def match_pairs(sim: np.ndarray, threshold: float) -> list:
+  """The Hungarian assignment on cost 1 - sim, kept where sim >= threshold: [(i, j), ...]."""
+  from scipy.optimize import linear_sum_assignment   # pylint: disable=g-import-not-at-top
+  sim = _matrix(sim)
+  if sim.size == 0:
+    return []
   rows, cols = linear_sum_assignment(1.0 - sim)
   return [(int(i), int(j)) for i, j in zip(rows, cols) if sim[i, j] >= threshold]
 
 
 def sepr_from_similarity(sim: np.ndarray, threshold: float) -> float:
   """SEPR from a [P, G] cosine-similarity matrix (P predicted, G gold sub-questions)."""
-  sim = np.asarray(sim, dtype=np.float64)
-  if sim.ndim != 2:
-    raise ValueError(f"sepr: similarity must be a [pred, gold] matrix, got shape {sim.shape}")
+  sim = _matrix(sim)
   p, g = sim.shape
   if p == 0 or g == 0:
     return 0.0

@@ -6,7 +6,6 @@
 """
 from __future__ import annotations
 
-import collections
 import logging
 from typing import Sequence
 
@@ -41,14 +40,7 @@ class PlannerTask:
                        f"apex.max_steps={self.max_steps} steps")
     self.corpus = sel.corpus
     self.gold_plans = rewrite.read_plans(a.gold_plans) if a.get("gold_plans") else {}
-    self.rewrite_symbolic = bool(a.get("rewrite_symbolic", True))
-    kinds = collections.Counter()
-    for ex in self.train:
-      if str(ex.id) not in self.gold_plans:
-        kinds.update(rewrite.rewrite_plan(plans.gold_steps(ex))[1])
-    if self.rewrite_symbolic and (kinds["template"] or kinds["generic"] or kinds["failed"]):
-      log.info("apex: gold plan steps of the training set: %s (symbolic 'X >> relation' steps "
-               "rewritten by rlrag_jax/methods/apex/rewrite.py)", dict(kinds))
+    self.rewrite_symbolic = bool(a.get("rewrite_symbolic", True))   # counts: rewrite.py's CLI
     self._encoder = encoder
     self._scorer = None
     self.threshold = float(a.sepr_threshold)
