@@ -39,10 +39,8 @@ Reference pipelines (`rollout(..., pipeline=...)`, used by `experiments.search_b
 from __future__ import annotations
 
 import collections
-import hashlib
 import json
 import logging
-import pathlib
 from typing import Optional, Sequence
 
 import numpy as np
@@ -51,6 +49,7 @@ from rlrag_jax import judge as judge_lib
 from rlrag_jax import metrics
 from rlrag_jax.data import sources
 from rlrag_jax.methods.search import parsing, prompts, rewards
+from rlrag_jax.retrieval import from_config
 from rlrag_jax.rollout import Observation, run_tool_loop, truncate_observation
 from rlrag_jax.tasks import Episode
 
@@ -98,7 +97,7 @@ class SearchTask:
     self.train, self.eval = _split(sel, config.data)
     self.sft_steps = int(config.sft.steps)
     self.stage2_step = int(config.reward.stage2_step)
-    self.corpus = _corpus(config, sel)
+    self.corpus = from_config.corpus_for(config, sel)
     self._known = _known_steps(self.train, int(config.sft.known_min_seen))
     self.tokenizer = _tokenizer(config, self)
     self.use_chat = bool(config.model.chat_template and
@@ -110,7 +109,8 @@ class SearchTask:
     if config.reward.match == "judge" and self._judge is None:
       raise ValueError("config key 'reward.match' is 'judge' but 'reward.judge_url' is empty: "
                        "point it at an OpenAI-compatible endpoint, or set reward.match='em'")
-    self.encoder, self.retriever, self._index_dir = _retriever(config, self.corpus, encoder)
+    self.encoder, self.retriever, self._index_dir = from_config.retriever_for(
+        config, self.corpus, encoder)
     if self.train:
       n_known = sum(len(v) for v in self._known.values())
       n_steps = sum(len(prompts._searched_steps(e)) for e in self.train)  # pylint: disable=protected-access
@@ -425,53 +425,6 @@ def _known_steps(train, min_seen: int) -> dict:
 
 def _judge(reward_cfg):
   return judge_lib.from_config(reward_cfg, prompt=SearchTask.judge_prompt)
-
-
-def _corpus(config, sel) -> list:
-  """Retrieval corpus: `retrieval.corpus` (a name in loaders.CORPORA or a JSONL path), else the
-  selection's own corpus (the world), else the deduplicated contexts of every example."""
-  from rlrag_jax.data.schema import CorpusRecord
-  name = config.retrieval.corpus
-  if name:
-    from rlrag_jax.data import loaders
-    return loaders.load_corpus(name)
-  if sel.corpus:
-    return list(sel.corpus)
-  seen, out = set(), []
-  for ex in list(sel.train) + list(sel.eval):
-    for c in ex.contexts:
-      key = (c.title, c.text)
-      if key not in seen:
-        seen.add(key)
-        out.append(CorpusRecord(id=f"p{len(out)}", title=c.title, text=c.text))
-  if not out:
-    raise ValueError("search task: no retrieval corpus: set config key 'retrieval.corpus' (the "
-                     "examples carry no contexts to build one from)")
-  return out
-
-
-def _retriever(config, corpus, encoder=None):
-  """(encoder, Retriever, index folder), the index cached under `retrieval.cache_dir` (default
-  <workdir>/retriever) by a fingerprint of the corpus and the encoder."""
-  from rlrag_jax.retrieval import Encoder, Retriever
-  rc = config.retrieval
-  if encoder is None:
-    encoder = Encoder.from_pretrained(rc.encoder_path or None)
-  h = hashlib.sha1(encoder.id.encode())
-  h.update(rc.backend.encode())
-  for r in corpus:
-    h.update(f"{r.id}\x00{r.title}\x00{r.text}\x01".encode())
-  cache = pathlib.Path(rc.cache_dir or pathlib.Path(config.workdir) / "retriever").expanduser()
-  folder = cache / f"index-{h.hexdigest()[:16]}"
-  if (folder / "manifest.json").exists():
-    return encoder, Retriever.load(folder, encoder), folder
-  log.info("search: encoding %d passages for the %s index (cached in %s)", len(corpus),
-           rc.backend, folder)
-  retriever = Retriever.build(corpus, encoder, backend=rc.backend, batch_size=128)
-  retriever.save(folder)
-  (folder / "built_by.json").write_text(json.dumps({"corpus": rc.corpus or "selection",
-                                                    "n": len(corpus)}))
-  return encoder, retriever, folder
 
 
 def _tokenizer(config, task):

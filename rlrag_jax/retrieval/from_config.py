@@ -1,0 +1,66 @@
+"""The retrieval corpus and a cached Retriever for a run, from its config's `retrieval` section:
+
+  retrieval.corpus     '' = the data selection's own corpus (the embedded world), else the
+                       deduplicated contexts of its examples; or a name in loaders.CORPORA / a
+                       JSONL path
+  retrieval.backend    'exact' | 'scann'
+  retrieval.encoder_path  '' = the packaged MiniLM
+  retrieval.cache_dir  where built indexes are kept ('' = <workdir>/retriever)
+
+Shared by every method that retrieves (the search agent, APEX's executor); knows no method.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import pathlib
+
+log = logging.getLogger("rlrag_jax.retrieval")
+
+
+def corpus_for(config, selection) -> list:
+  """The corpus: `retrieval.corpus` (a name in loaders.CORPORA or a JSONL path), else the
+  selection's own corpus (the world), else the deduplicated contexts of every example."""
+  from rlrag_jax.data.schema import CorpusRecord
+  name = config.retrieval.corpus
+  if name:
+    from rlrag_jax.data import loaders
+    return loaders.load_corpus(name)
+  if selection.corpus:
+    return list(selection.corpus)
+  seen, out = set(), []
+  for ex in list(selection.train) + list(selection.eval):
+    for c in ex.contexts:
+      key = (c.title, c.text)
+      if key not in seen:
+        seen.add(key)
+        out.append(CorpusRecord(id=f"p{len(out)}", title=c.title, text=c.text))
+  if not out:
+    raise ValueError(f"{config.method}: no retrieval corpus: set config key 'retrieval.corpus' "
+                     "(the examples carry no contexts to build one from)")
+  return out
+
+
+def retriever_for(config, corpus, encoder=None):
+  """(encoder, Retriever, index folder), the index cached under `retrieval.cache_dir` (default
+  <workdir>/retriever) by a fingerprint of the corpus and the encoder."""
+  from rlrag_jax.retrieval import Encoder, Retriever
+  rc = config.retrieval
+  if encoder is None:
+    encoder = Encoder.from_pretrained(rc.encoder_path or None)
+  h = hashlib.sha1(encoder.id.encode())
+  h.update(rc.backend.encode())
+  for r in corpus:
+    h.update(f"{r.id}\x00{r.title}\x00{r.text}\x01".encode())
+  cache = pathlib.Path(rc.cache_dir or pathlib.Path(config.workdir) / "retriever").expanduser()
+  folder = cache / f"index-{h.hexdigest()[:16]}"
+  if (folder / "manifest.json").exists():
+    return encoder, Retriever.load(folder, encoder), folder
+  log.info("%s: encoding %d passages for the %s index (cached in %s)", config.method,
+           len(corpus), rc.backend, folder)
+  retriever = Retriever.build(corpus, encoder, backend=rc.backend, batch_size=128)
+  retriever.save(folder)
+  (folder / "built_by.json").write_text(json.dumps({"corpus": rc.corpus or "selection",
+                                                    "n": len(corpus)}))
+  return encoder, retriever, folder
