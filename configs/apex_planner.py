@@ -89,6 +89,7 @@ def get_config(arg: str = ""):
     c.eval.num_examples = 200
     c.eval.every = 50               # the held-out SEPR curve over RL steps (the paper's Fig. 4)
     c.checkpoint.every = 100
+    c.checkpoint.keep = 4           # keeps step 200, the SFT end: the pipeline's "plan without RL"
     c.export_hf = False
   elif arg == "paper":
     config_base.use_hf_model(c)

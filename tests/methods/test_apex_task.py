@@ -80,11 +80,8 @@ def test_rewards_gold_paraphrase_extra_step_and_malformed(task):
   assert m["sepr"] == totals[3] and m["step_abs_error"] == 1.0 and m["prediction"] == eps[3].text
 
 
-def test_executor_role_is_a_clear_error(tmp_path):
+def test_unknown_role_is_a_clear_error(tmp_path):
   c = apex_planner.get_config("")
-  c.apex.role = "executor"
-  with pytest.raises(NotImplementedError, match="executor"):
-    get_task("apex", c)
   c.apex.role = "critic"
   with pytest.raises(ValueError, match="apex.role"):
     get_task("apex", c)

@@ -2,16 +2,25 @@
 
   planner   question -> numbered plan of sub-questions (plans.py); SFT on gold plans, then GRPO
             rewarded by SEPR (sepr.py), one batched encoder call per training batch.
-  executor  not built yet (a clear error names the missing piece).
+  executor  every execution role of one model (prompts.py), SFT on oracle trajectories made by
+            running Algorithm 2 (executor.py) with the gold decomposition and the real
+            retriever; evaluated by executing the gold plans. SFT only, as in the paper.
+
+The plan -> execute pipeline that composes a planner run and an executor run is pipeline.py.
 """
 from __future__ import annotations
 
 import logging
 from typing import Sequence
 
+import numpy as np
+
+from rlrag_jax import metrics
 from rlrag_jax.data import sources
-from rlrag_jax.methods.apex import plans, rewrite, sepr
-from rlrag_jax.rollout.single_turn import decode_keeping_tags, single_turn
+from rlrag_jax.methods.apex import executor, plans, prompts, rewrite, sepr
+from rlrag_jax.retrieval import from_config
+from rlrag_jax.rollout.single_turn import completion_ids, decode_keeping_tags, single_turn
+from rlrag_jax.tasks import Episode
 
 ROLES = ("planner", "executor")
 PLAN_CUE = "Plan:\n"
@@ -51,17 +60,11 @@ class PlannerTask:
 
   # ---------------------------------------------------------------- prompts
   def prompt_text(self, ex) -> str:
-    if self.config.data.prompt_style == "compact":
-      return f"Question: {ex.question}\n{PLAN_CUE}"
-    return f"{plans.instruction(self.max_steps)}\n\nQuestion: {ex.question}\n{PLAN_CUE}"
+    return planner_prompt_text(ex.question, self.max_steps, self.config.data.prompt_style)
 
   def prompt_ids(self, ex) -> list:
-    if self.use_chat:
-      from rlrag_jax.models import encode_prompt
-      return encode_prompt(self.tokenizer, [
-          {"role": "system", "content": plans.instruction(self.max_steps)},
-          {"role": "user", "content": f"Question: {ex.question}"}])
-    return self.tokenizer(self.prompt_text(ex), add_special_tokens=False)["input_ids"]
+    return planner_prompt_ids(self.tokenizer, ex.question, self.max_steps,
+                              self.config.data.prompt_style, self.use_chat)
 
   def gold(self, ex) -> list:
     """The gold plan: `apex.gold_plans`'s entry for the example, else its decomposition with
@@ -136,6 +139,183 @@ class PlannerTask:
     return self.eval_metrics_batch([episode])[0]
 
 
+def planner_prompt_text(question: str, max_steps: int, style: str) -> str:
+  if style == "compact":
+    return f"Question: {question}\n{PLAN_CUE}"
+  return f"{plans.instruction(max_steps)}\n\nQuestion: {question}\n{PLAN_CUE}"
+
+
+def planner_prompt_ids(tokenizer, question: str, max_steps: int, style: str,
+                       use_chat: bool) -> list:
+  if use_chat:
+    from rlrag_jax.models import encode_prompt
+    return encode_prompt(tokenizer, [
+        {"role": "system", "content": plans.instruction(max_steps)},
+        {"role": "user", "content": f"Question: {question}"}])
+  return tokenizer(planner_prompt_text(question, max_steps, style),
+                   add_special_tokens=False)["input_ids"]
+
+
+class ExecutorTask:
+  """The execution agent: SFT on oracle trajectories of Algorithm 2; held-out EM/F1 of executing
+  the gold plans (the executor alone; the planner's plans are pipeline.py's)."""
+  name = "apex"
+
+  def __init__(self, config, encoder=None):
+    self.config = config
+    a = config.apex
+    self.max_steps, self.max_hops, self.top_k = int(a.max_steps), int(a.max_hops), int(a.top_k)
+    for key, v in (("max_steps", self.max_steps), ("max_hops", self.max_hops),
+                   ("top_k", self.top_k)):
+      if v < 1:
+        raise ValueError(f"config key 'apex.{key}' is {v}; expected >= 1")
+    if int(config.rl.steps) > 0:
+      raise ValueError(f"config key 'rl.steps' is {config.rl.steps}: the APEX executor is "
+                       "trained by SFT only (the paper's design); set rl.steps=0")
+    self.style = config.data.prompt_style
+    sel = sources.select(config.data, seed=config.seed)
+    self.train = [ex for ex in sel.train if _gold_fits(ex, self.max_steps)]
+    self.eval = list(sel.eval)
+    if not self.train and int(config.sft.steps) > 0:
+      raise ValueError("apex executor: no training example has a gold decomposition of at most "
+                       f"apex.max_steps={self.max_steps} steps")
+    self.corpus = from_config.corpus_for(config, sel)
+    self.encoder, self.retriever, _ = from_config.retriever_for(config, self.corpus, encoder)
+    self._emb = {}
+    self._traces = None
+    self.kept = self.dropped = 0
+    from rlrag_jax.data.tokenizer import tokenizer_for
+    self.tokenizer = tokenizer_for(config.model, config.workdir, self.tokenizer_texts, ())
+    self.use_chat = bool(config.model.chat_template and
+                         getattr(self.tokenizer, "chat_template", None))
+
+  # ---------------------------------------------------------------- retrieval
+  def search(self, queries: Sequence[str]) -> list:
+    """Per query its top `apex.top_k` Hits (query embeddings cached by text)."""
+    todo = sorted({q for q in queries if q not in self._emb})
+    if todo:
+      if len(self._emb) > 200_000:
+        self._emb.clear()
+      for q, e in zip(todo, self.encoder.encode(todo, batch_size=64)):
+        self._emb[q] = e
+    if not queries:
+      return []
+    return self.retriever.search_embeddings(np.stack([self._emb[q] for q in queries]),
+                                            self.top_k)
+
+  # ---------------------------------------------------------------- prompts and SFT data
+  def ask_ids(self, ask: prompts.Ask) -> list:
+    if self.use_chat:
+      from rlrag_jax.models import encode_prompt
+      return encode_prompt(self.tokenizer, ask.chat_messages())
+    return self.tokenizer(ask.text(self.style), add_special_tokens=False)["input_ids"]
+
+  def target_ids(self, text: str) -> list:
+    eos = self.tokenizer.eos_token_id
+    ids = self.tokenizer(text if self.use_chat else " " + text,
+                         add_special_tokens=False)["input_ids"]
+    return ids + ([eos] if eos is not None else [])
+
+  def oracle_traces(self) -> dict:
+    """{example id: Trace} of the kept oracle trajectories over the training examples
+    (computed once: one batched retrieval per round)."""
+    if self._traces is None:
+      procs = [executor.solve(ex.question, plans.gold_steps(ex), max_hops=self.max_hops,
+                              gold=list(ex.decomposition), gold_answer=ex.answers[0])
+               for ex in self.train]
+      traces = executor.run(procs, executor.oracle_outputs, self.search)
+      self._traces = {ex.id: t for ex, t in zip(self.train, traces) if t.supported}
+      self.kept, self.dropped = len(self._traces), len(traces) - len(self._traces)
+      kinds = {}
+      for t in self._traces.values():
+        for a, _ in t.calls:
+          kinds[a.kind] = kinds.get(a.kind, 0) + 1
+      log.info("apex executor: %d oracle trajectories kept, %d dropped (retrieval missed a "
+               "step's support within apex.max_hops=%d); SFT samples by role: %s", self.kept,
+               self.dropped, self.max_hops, kinds)
+      if not self._traces:
+        raise ValueError("apex executor: no oracle trajectory found the support of every step; "
+                         "raise apex.max_hops or apex.top_k")
+    return self._traces
+
+  def sft_samples(self, ex) -> list:
+    trace = self.oracle_traces().get(ex.id)
+    if trace is None:
+      return []
+    return [(self.ask_ids(a), self.target_ids(out), None) for a, out in trace.calls]
+
+  def prompt_ids(self, ex) -> list:
+    return self.ask_ids(prompts.Ask("check", plans.gold_steps(ex)[0]))
+
+  def sft_target(self, ex) -> str:
+    return ex.answers[0]
+
+  def sft_target_ids(self, ex) -> list:
+    return self.target_ids(self.sft_target(ex))
+
+  def tokenizer_texts(self):
+    for kind in prompts.KINDS:
+      yield prompts.Ask(kind, "").text(self.style)
+    yield prompts.INSTRUCTIONS["query_next"]
+    for r in self.corpus:
+      yield f"{r.title}: {r.text}"
+    for ex in list(self.train) + list(self.eval):
+      yield ex.question
+      for st in ex.decomposition:
+        yield f"{st.question} -> {st.answer}"
+
+  # ---------------------------------------------------------------- execution
+  def generate_fn(self, policy, rng=None, greedy: bool = True):
+    """`generate(asks) -> texts` for executor.run: one batched model call per round."""
+    import jax
+    state = {"rng": rng if rng is not None else jax.random.PRNGKey(0)}
+    limit = {"check": 4, "continue": 4, "query": int(self.config.apex.max_query_tokens)}
+
+    def generate(asks):
+      ids = [self.ask_ids(a) for a in asks]
+      state["rng"], sub = jax.random.split(state["rng"])
+      per_row = [limit.get(a.kind, int(self.config.apex.max_answer_tokens)) for a in asks]
+      gen = policy.sample(ids, sub, greedy=greedy, max_new_tokens=max(per_row),
+                          max_new_tokens_per_row=per_row, batch_multiple=8)
+      return [decode_keeping_tags(self.tokenizer, completion_ids(gen, r))
+              for r in range(len(asks))]
+    return generate
+
+  def execute(self, policy, examples, plan_lists, rng=None) -> list:
+    """Traces of executing `plan_lists[i]` for `examples[i]` (greedy)."""
+    procs = [executor.solve(ex.question, p, max_hops=self.max_hops)
+             for ex, p in zip(examples, plan_lists)]
+    return executor.run(procs, self.generate_fn(policy, rng), self.search)
+
+  def naive_rag(self, policy, examples, rng=None) -> list:
+    """Traces of the naive-RAG baseline: the question's top-k passages, one answer."""
+    procs = [executor.naive_rag(ex.question) for ex in examples]
+    return executor.run(procs, self.generate_fn(policy, rng), self.search)
+
+  def episodes(self, examples, traces) -> list:
+    return [Episode(example=ex, prompt_ids=[], completion_ids=[], loss_mask=[], text=t.answer,
+                    info={"trace": t.to_dict()}) for ex, t in zip(examples, traces)]
+
+  def eval_rollout(self, policy, examples, rng):
+    golds = [plans.gold_steps(ex) for ex in examples]
+    return self.episodes(examples, self.execute(policy, examples, golds, rng))
+
+  def rollout(self, policy, examples, rng, *, group_size=1, greedy=False):
+    raise ValueError("the APEX executor is trained by SFT only; config key 'rl.steps' must be 0")
+
+  def reward(self, episode, step: int = 0) -> dict:
+    em = metrics.exact_match(episode.text, episode.example.answers)
+    return {"total": em, "em": em}
+
+  def eval_metrics(self, episode) -> dict:
+    ex, t = episode.example, episode.info["trace"]
+    return {"em": metrics.exact_match(episode.text, ex.answers),
+            "f1": metrics.f1(episode.text, ex.answers),
+            **{k: float(t[k]) for k in ("retrievals", "skipped_retrieval", "repeated_queries",
+                                        "parse_fallbacks", "calls")},
+            "prediction": episode.text}
+
+
 def _gold_fits(ex, max_steps: int) -> bool:
   steps = getattr(ex, "decomposition", None) or []
   return 0 < len(steps) <= max_steps
@@ -146,7 +326,5 @@ def make_task(config):
   if role == "planner":
     return PlannerTask(config)
   if role == "executor":
-    raise NotImplementedError("config key 'apex.role' is 'executor': the APEX executor is not "
-                              "built yet (issue: APEX-Searcher); train the planner with "
-                              "apex.role='planner'")
+    return ExecutorTask(config)
   raise ValueError(f"config key 'apex.role' is {role!r}; expected one of {ROLES}")
