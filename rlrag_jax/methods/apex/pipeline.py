@@ -1,0 +1,336 @@
+"""APEX-Searcher's plan -> execute pipeline over two separately trained runs, and the paper's
+Table 2 cells.
+
+  python -m rlrag_jax.methods.apex.pipeline --planner=runs/apex_planner \\
+      --executor=runs/apex_executor --out=runs/apex_pipeline
+  python -m rlrag_jax.methods.apex.pipeline ... --data=musique:dev,2wiki:dev   # the real samples
+  python -m rlrag_jax.methods.apex.pipeline --aggregate=DIR0,DIR1,DIR2 --out=DIR  # over seeds
+
+Greedy decoding throughout (appendix D.2). Cells, each with its held-out EM / F1, mean
+retrievals and plan statistics:
+
+  naive_rag     the question's top-k passages, one answer (the executor's sub-answer role)
+  no_planning   the question as a one-step plan through the executor (Algorithm 2)
+  plan_sft      plans of the planner at the end of its SFT warm-up ("planning without RL")
+  plan_rl       plans of the planner after GRPO on SEPR (the full system)
+  gold_plan     the gold decompositions (an upper bound on planning; not a paper cell)
+
+each with the trained executor ("exec SFT on") and, with --executor_base (an untrained instruct
+checkpoint), again with that one ("exec SFT off"); without it those cells are n/a: a
+from-scratch executor without SFT cannot follow any prompt. The planner's cells also report
+their plans' SEPR against the gold plans.
+
+Writes OUT/apex_report.txt (the table), OUT/summary.json (per cell means and the per-question
+EM the seed aggregation pairs on) and OUT/traces/<cell>.jsonl (per question: plan, every
+sub-question's resolution, decision, queries, retrieved ids and answer, the prediction, EM).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pathlib
+import sys
+from typing import Optional
+
+import numpy as np
+from absl import app, flags
+
+log = logging.getLogger("rlrag_jax.apex")
+
+CELLS = ("naive_rag", "no_planning", "plan_sft", "plan_rl", "gold_plan")
+LABELS = {"naive_rag": "naive RAG", "no_planning": "no planning", "plan_sft": "plan w/o RL",
+          "plan_rl": "plan with RL", "gold_plan": "gold plan (bound)"}
+
+_PLANNER = flags.DEFINE_string("planner", None, "planner training run directory")
+_EXECUTOR = flags.DEFINE_string("executor", None, "executor run directory or HF checkpoint")
+_EXEC_BASE = flags.DEFINE_string("executor_base", "", "an untrained (instruct) checkpoint for "
+                                 "the 'exec SFT off' cells; '' = n/a")
+_SFT_STEP = flags.DEFINE_integer("planner_sft_step", None, "the planner's SFT-end checkpoint "
+                                 "step (default: its config's sft.steps)")
+_CONFIG = flags.DEFINE_string("config", "", "configs/apex_executor.py[:preset] when --executor "
+                              "is not a training run (default: the run's own config)")
+_DATA = flags.DEFINE_string("data", "", "evaluation data instead of the executor run's: "
+                            "comma-separated 'name:split' specs read from RLRAG_DATA_DIR")
+_N = flags.DEFINE_integer("num_examples", 200, "held-out questions per cell")
+_OUT = flags.DEFINE_string("out", None, "output folder")
+_AGG = flags.DEFINE_string("aggregate", "", "comma-separated pipeline output folders (one per "
+                           "seed) to summarise instead of running")
+
+
+# ------------------------------------------------------------------------------ loading
+def _run_config(path: str, fallback: str = ""):
+  """The training config a run directory saved, else `fallback` (a config file[:preset])."""
+  import ml_collections
+  p = pathlib.Path(path) / "config.json"
+  if p.exists():
+    return ml_collections.ConfigDict(json.loads(p.read_text()))
+  if not fallback:
+    raise FileNotFoundError(f"{path}: no config.json (not a training run); pass "
+                            "--config=configs/apex_executor.py[:preset]")
+  import importlib.util
+  file, _, arg = fallback.partition(":")
+  spec = importlib.util.spec_from_file_location("apex_cfg", file)
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  return mod.get_config(arg)
+
+
+def _policy(lm, max_new_tokens: int):
+  from rlrag_jax.rollout.policy import Policy
+  tok = lm.tokenizer
+  eos = tuple(lm.config.eos_token_id or ()) or (tok.eos_token_id,)
+  return Policy(lm.config, lm.params, max_new_tokens=max_new_tokens, eos_ids=eos,
+                pad_id=tok.pad_token_id or 0)
+
+
+def executor_task(executor: str, out: pathlib.Path, config_file: str = "", data: str = ""):
+  """The ExecutorTask for `executor`'s config (its tokenizer, prompts, retrieval), evaluating
+  `data` when given."""
+  from rlrag_jax.methods.apex.task import ExecutorTask
+  c = _run_config(executor, config_file)
+  c.sft.steps = 0
+  c.rl.steps = 0
+  if (pathlib.Path(executor) / "model").is_dir():
+    c.workdir = str(executor)                       # the run's own tokenizer and index cache
+  else:
+    c.model.init, c.model.path = "hf", str(executor)
+    c.workdir = str(out)
+  if data:
+    c.retrieval.cache_dir = str(out / "retriever")
+    from rlrag_jax.data import paths
+    c.data.source = "files"
+    c.data.dir = str(paths.data_dir())
+    c.data.mix = ()
+    c.data.eval_mix = tuple(s.strip() for s in data.split(",") if s.strip())
+    c.data.max_eval = 0
+    c.retrieval.corpus = ""                         # the examples' own contexts
+  return ExecutorTask(c)
+
+
+# ------------------------------------------------------------------------------ planning
+def make_plans(planner: str, step: Optional[int], questions, max_new_tokens: int = 0) -> dict:
+  """Greedy plans of the planner run's checkpoint `step` (None: latest) for `questions`:
+  {'plans': [[sub-question, ...]], 'fallback': [bool], 'text': [raw output]}."""
+  import jax
+  from rlrag_jax.methods.apex import plans
+  from rlrag_jax.methods.apex.task import planner_prompt_ids
+  from rlrag_jax.rollout.single_turn import completion_ids, decode_keeping_tags
+  from rlrag_jax.trainer import load_trained
+  pc = _run_config(planner)
+  lm = load_trained(planner, step=step)
+  tok = lm.tokenizer
+  use_chat = bool(pc.model.chat_template and getattr(tok, "chat_template", None))
+  max_steps = int(pc.apex.max_steps)
+  policy = _policy(lm, max_new_tokens or int(pc.eval.max_new_tokens))
+  out = {"plans": [], "fallback": [], "text": []}
+  batch = int(pc.eval.batch_size)
+  for i in range(0, len(questions), batch):
+    chunk = questions[i:i + batch]
+    ids = [planner_prompt_ids(tok, q, max_steps, pc.data.prompt_style, use_chat) for q in chunk]
+    gen = policy.sample(ids, jax.random.PRNGKey(0), greedy=True, batch_multiple=8)
+    for r, q in enumerate(chunk):
+      text = decode_keeping_tags(tok, completion_ids(gen, r))
+      p = plans.parse(text, q, max_steps)
+      out["plans"].append(list(p.steps))
+      out["fallback"].append(bool(p.fallback))
+      out["text"].append(text)
+  return out
+
+
+# ------------------------------------------------------------------------------ evaluation
+def score_cell(task, examples, traces, plan_info=None, scorer=None) -> tuple:
+  """(cell summary, per-question rows)."""
+  from rlrag_jax import metrics
+  from rlrag_jax.methods.apex import plans
+  rows = []
+  for i, (ex, t) in enumerate(zip(examples, traces)):
+    row = {"id": ex.id, "question": ex.question, "answers": list(ex.answers),
+           "prediction": t.answer, "em": metrics.exact_match(t.answer, ex.answers),
+           "f1": metrics.f1(t.answer, ex.answers), "plan": list(t.plan),
+           "gold_plan": plans.gold_steps(ex), **t.counts(), "steps": t.steps}
+    if plan_info is not None:
+      row["plan_fallback"] = plan_info["fallback"][i]
+      row["planner_output"] = plan_info["text"][i]
+    rows.append(row)
+  summary = {k: float(np.mean([r[k] for r in rows])) if rows else float("nan")
+             for k in ("em", "f1", "retrievals", "skipped_retrieval", "repeated_queries",
+                       "parse_fallbacks")}
+  summary["plan_steps"] = float(np.mean([len(r["plan"]) for r in rows])) if rows else 0.0
+  summary["n"] = len(rows)
+  if plan_info is not None:
+    summary["plan_fallback"] = float(np.mean(plan_info["fallback"]))
+    if scorer is not None:
+      gold = [r["gold_plan"] for r in rows]
+      pred = [[] if f else p for p, f in zip(plan_info["plans"], plan_info["fallback"])]
+      sepr = scorer(pred, gold)
+      summary["sepr"] = float(np.mean(sepr))
+      for r, v in zip(rows, sepr):
+        r["sepr"] = float(v)
+  return summary, rows
+
+
+def run_pipeline(planner: str, executor: str, out, *, executor_base: str = "",
+                 planner_sft_step: Optional[int] = None, config_file: str = "", data: str = "",
+                 num_examples: int = 200) -> dict:
+  """Every cell for the first `num_examples` held-out questions; writes the report."""
+  from rlrag_jax.methods.apex import plans, sepr
+  from rlrag_jax.trainer import load_trained
+  out = pathlib.Path(out)
+  (out / "traces").mkdir(parents=True, exist_ok=True)
+  task = executor_task(executor, out, config_file, data)
+  examples = list(task.eval)[:num_examples] if num_examples else list(task.eval)
+  if not examples:
+    raise ValueError(f"apex pipeline: no held-out examples ({data or 'the executor run data'})")
+  questions = [ex.question for ex in examples]
+  pc = _run_config(planner)
+  sft_step = int(pc.sft.steps) if planner_sft_step is None else int(planner_sft_step)
+  scorer = sepr.SEPRScorer(task.encoder, float(pc.apex.sepr_threshold))
+  plan_sets = {"no_planning": {"plans": [[q] for q in questions]},
+               "gold_plan": {"plans": [plans.gold_steps(ex) for ex in examples]}}
+  try:
+    plan_sets["plan_sft"] = make_plans(planner, sft_step, questions)
+  except (FileNotFoundError, ValueError, KeyError) as e:
+    log.warning("plan_sft: no planner checkpoint at step %d (%s); the cell is n/a", sft_step, e)
+  plan_sets["plan_rl"] = make_plans(planner, None, questions)
+
+  executors = {"on": executor}
+  if executor_base:
+    executors["off"] = executor_base
+  cells, per_question = {}, {}
+  for sft, path in executors.items():
+    ecfg = task.config
+    lm = load_trained(path)
+    policy = _policy(lm, int(ecfg.eval.max_new_tokens))
+    if sft == "off":
+      base_task = executor_task(path, out, config_file or _config_file_hint(executor), data)
+    else:
+      base_task = task
+    for cell in CELLS:
+      name = f"{cell}/exec_sft_{sft}"
+      if cell == "naive_rag":
+        traces = base_task.naive_rag(policy, examples)
+        info = None
+      elif cell in plan_sets:
+        info = plan_sets[cell]
+        traces = base_task.execute(policy, examples, info["plans"])
+        if "fallback" not in info:
+          info = None
+      else:
+        continue
+      summary, rows = score_cell(base_task, examples, traces, info,
+                                 scorer if info is not None else None)
+      cells[name] = summary
+      per_question[name] = [r["em"] for r in rows]
+      with open(out / "traces" / f"{cell}.exec_sft_{sft}.jsonl", "w") as f:
+        for r in rows:
+          f.write(json.dumps(r) + "\n")
+      log.info("%s: EM %.3f F1 %.3f (%d questions)", name, summary["em"], summary["f1"],
+               summary["n"])
+  result = {"planner": str(planner), "executor": str(executor), "executor_base": executor_base,
+            "planner_sft_step": sft_step, "data": data or "executor run's held-out split",
+            "cells": cells, "per_question_em": per_question,
+            "ids": [ex.id for ex in examples]}
+  (out / "summary.json").write_text(json.dumps(result, indent=2))
+  (out / "apex_report.txt").write_text(format_report(result))
+  return result
+
+
+def _config_file_hint(executor: str) -> str:
+  return "" if (pathlib.Path(executor) / "config.json").exists() else "configs/apex_executor.py"
+
+
+def format_report(result: dict) -> str:
+  from rlrag_jax import runlog
+  rows = []
+  for cell in CELLS:
+    for sft in ("on", "off"):
+      s = result["cells"].get(f"{cell}/exec_sft_{sft}")
+      row = {"cell": LABELS[cell], "exec SFT": sft}
+      if s is None:
+        row.update(em="n/a", f1="n/a")
+      else:
+        row.update({k: s.get(k, "") for k in ("em", "f1", "retrievals", "plan_steps",
+                                              "plan_fallback", "sepr", "n")})
+      rows.append(row)
+  cols = ["cell", "exec SFT", "em", "f1", "retrievals", "plan_steps", "plan_fallback", "sepr",
+          "n"]
+  head = (f"APEX-Searcher pipeline (greedy): planner {result['planner']} (SFT end: step "
+          f"{result['planner_sft_step']}), executor {result['executor']}\n"
+          f"data: {result['data']}\n"
+          "exec SFT off: n/a unless --executor_base names an untrained checkpoint (a "
+          "from-scratch executor without SFT follows no prompt).\n")
+  return head + runlog.format_table(rows, cols, title="Table 2 cells") + "\n"
+
+
+# ------------------------------------------------------------------------------ over seeds
+def aggregate(dirs, out, resamples: int = 2000) -> dict:
+  """Mean ± std over seeds per cell, and paired bootstrap intervals (over (seed, question)
+  pairs) of plan_rl - naive_rag, plan_rl - no_planning and plan_rl - plan_sft."""
+  from rlrag_jax.experiments.seeds import paired_bootstrap
+  runs = [json.loads((pathlib.Path(d) / "summary.json").read_text()) for d in dirs]
+  cells = sorted({c for r in runs for c in r["cells"]})
+  table = {}
+  for c in cells:
+    vals = {k: [r["cells"][c][k] for r in runs if c in r["cells"] and k in r["cells"][c]]
+            for k in ("em", "f1", "retrievals", "sepr")}
+    table[c] = {k: (float(np.mean(v)), float(np.std(v)), len(v)) for k, v in vals.items() if v}
+  diffs = {}
+  for a, b in (("plan_rl", "naive_rag"), ("plan_rl", "no_planning"), ("plan_rl", "plan_sft"),
+               ("gold_plan", "plan_rl")):
+    ca, cb = f"{a}/exec_sft_on", f"{b}/exec_sft_on"
+    d = [x - y for r in runs if ca in r["per_question_em"] and cb in r["per_question_em"]
+         for x, y in zip(r["per_question_em"][ca], r["per_question_em"][cb])]
+    per_seed = [float(np.mean(r["per_question_em"][ca]) - np.mean(r["per_question_em"][cb]))
+                for r in runs if ca in r["per_question_em"] and cb in r["per_question_em"]]
+    if d:
+      diffs[f"{a} - {b}"] = {"ci": paired_bootstrap(d, resamples), "per_seed": per_seed}
+  lines = [f"APEX pipeline over {len(runs)} seeds ({', '.join(map(str, dirs))})", "",
+           "| cell | EM | F1 | retrievals | plan SEPR |", "|---|---|---|---|---|"]
+  fmt = lambda t: f"{t[0]:.3f} ± {t[1]:.3f}" if t else ""
+  for c in cells:
+    t = table[c]
+    lines.append(f"| {c} | {fmt(t.get('em'))} | {fmt(t.get('f1'))} | "
+                 f"{fmt(t.get('retrievals'))} | {fmt(t.get('sepr'))} |")
+  lines += ["", "EM differences, paired on (seed, question), bootstrap 95% interval:", ""]
+  for k, v in diffs.items():
+    m, lo, hi = v["ci"]
+    lines.append(f"- {k}: {m:+.3f} [{lo:+.3f}, {hi:+.3f}]; per seed "
+                 + ", ".join(f"{x:+.3f}" for x in v["per_seed"]))
+  text = "\n".join(lines) + "\n"
+  out = pathlib.Path(out)
+  out.mkdir(parents=True, exist_ok=True)
+  (out / "pipeline_seeds.md").write_text(text)
+  (out / "pipeline_seeds.json").write_text(json.dumps({"cells": table, "diffs": diffs},
+                                                      indent=2))
+  return {"cells": table, "diffs": diffs, "text": text}
+
+
+def main(argv) -> int:
+  del argv
+  logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s",
+                      datefmt="%H:%M:%S")
+  if not _OUT.value:
+    print("pipeline: --out is required", file=sys.stderr)
+    return 2
+  if _AGG.value:
+    print(aggregate([d for d in _AGG.value.split(",") if d], _OUT.value)["text"])
+    return 0
+  if not (_PLANNER.value and _EXECUTOR.value):
+    print("pipeline: --planner and --executor are required (or --aggregate)", file=sys.stderr)
+    return 2
+  try:
+    result = run_pipeline(_PLANNER.value, _EXECUTOR.value, _OUT.value,
+                          executor_base=_EXEC_BASE.value, planner_sft_step=_SFT_STEP.value,
+                          config_file=_CONFIG.value, data=_DATA.value,
+                          num_examples=_N.value)
+  except FileNotFoundError as e:
+    print(f"pipeline: {e}", file=sys.stderr)
+    return 2
+  print(format_report(result))
+  return 0
+
+
+if __name__ == "__main__":
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+  app.run(lambda argv: sys.exit(main(argv)))
