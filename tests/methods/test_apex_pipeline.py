@@ -94,3 +94,51 @@ def test_aggregate_pairs_questions_over_seeds(runs, tmp_path):
   assert agg["diffs"]["plan_rl - naive_rag"]["per_seed"] == pytest.approx([1 / 3, 1 / 3])
   assert agg["cells"]["plan_rl/exec_sft_on"]["em"][0] == pytest.approx(2 / 3)
   assert (tmp_path / "agg" / "pipeline_seeds.md").exists()
+
+
+def test_paper_presets_train_on_real_data_and_run_the_pipeline(tmp_path, shared_data_dir):
+  """`:paper` executor and planner shrunk onto tiny HF checkpoints and the MuSiQue samples: the
+  executor's SFT is killed, resumes and finishes; the pipeline then runs every cell on MuSiQue
+  dev, the 'exec SFT off' cells with the untrained checkpoint."""
+  pytest.importorskip("torch")
+  from hf_tiny import make_tiny_checkpoint
+  ckpt = make_tiny_checkpoint(tmp_path, "qwen2", max_position_embeddings=4096)
+
+  def executor_cfg():
+    e = apex_executor.get_config("paper")
+    e.workdir, e.model.path, e.data.dir = str(tmp_path / "executor"), str(ckpt), ""
+    e.data.mix, e.data.eval_mix = ("musique:train",), ("musique:dev",)
+    e.data.max_train, e.data.max_eval = 4, 2
+    e.sft.steps, e.sft.batch_size, e.sft.max_len = 2, 2, 2048
+    e.apex.max_hops, e.apex.max_query_tokens, e.apex.max_answer_tokens = 2, 6, 6
+    e.retrieval.backend = "exact"
+    e.eval.update(dict(num_examples=2, max_new_tokens=6, batch_size=2))
+    e.checkpoint.every, e.checkpoint.keep = 1, 3
+    e.model.attention_block = 64
+    return e
+  assert trainer.run(executor_cfg(), progress=False, stop_after=1) is None
+  res = trainer.run(executor_cfg(), progress=False, resume=True)
+  assert res.after["all"]["n"] == 2
+
+  p = apex_planner.get_config("paper")
+  p.workdir, p.model.path, p.data.dir = str(tmp_path / "planner"), str(ckpt), ""
+  p.data.max_train, p.data.max_eval = 4, 2
+  p.rl.update(dict(steps=1, prompts_per_step=2, group_size=2, micro_batches=1,
+                   max_new_tokens=8))
+  p.eval.update(dict(num_examples=2, max_new_tokens=8, batch_size=2, every=0))
+  p.checkpoint.every = 1
+  p.model.attention_block = 64
+  trainer.run(p, progress=False)
+
+  result = pipeline.run_pipeline(str(tmp_path / "planner"), str(tmp_path / "executor"),
+                                 tmp_path / "out", data="musique:dev", num_examples=2,
+                                 executor_base=str(ckpt))
+  for cell in pipeline.CELLS:
+    if cell == "plan_sft":
+      continue                                      # the paper preset has no planner SFT
+    for sft in ("on", "off"):
+      assert result["cells"][f"{cell}/exec_sft_{sft}"]["n"] == 2
+  assert "plan_sft/exec_sft_on" not in result["cells"]
+  rows = [json.loads(l) for l in (tmp_path / "out" / "traces" /
+                                  "gold_plan.exec_sft_on.jsonl").open()]
+  assert all(">>" not in s for r in rows for s in r["plan"])    # symbolic steps rewritten

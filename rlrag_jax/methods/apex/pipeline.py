@@ -62,9 +62,9 @@ _AGG = flags.DEFINE_string("aggregate", "", "comma-separated pipeline output fol
 def _run_config(path: str, fallback: str = ""):
   """The training config a run directory saved, else `fallback` (a config file[:preset])."""
   import ml_collections
-  p = pathlib.Path(path) / "config.json"
-  if p.exists():
-    return ml_collections.ConfigDict(json.loads(p.read_text()))
+  p = pathlib.Path(path)
+  if (p / "model").is_dir() and (p / "config.json").exists():
+    return ml_collections.ConfigDict(json.loads((p / "config.json").read_text()))
   if not fallback:
     raise FileNotFoundError(f"{path}: no config.json (not a training run); pass "
                             "--config=configs/apex_executor.py[:preset]")
@@ -84,11 +84,14 @@ def _policy(lm, max_new_tokens: int):
                 pad_id=tok.pad_token_id or 0)
 
 
-def executor_task(executor: str, out: pathlib.Path, config_file: str = "", data: str = ""):
+def executor_task(executor: str, out: pathlib.Path, config_file: str = "", data: str = "",
+                  like=None, num_examples: int = 0):
   """The ExecutorTask for `executor`'s config (its tokenizer, prompts, retrieval), evaluating
-  `data` when given."""
+  `data` when given. `like`: take every setting from this config instead (the untrained
+  'exec SFT off' checkpoint runs with the trained executor's prompts and data)."""
+  import copy
   from rlrag_jax.methods.apex.task import ExecutorTask
-  c = _run_config(executor, config_file)
+  c = copy.deepcopy(like) if like is not None else _run_config(executor, config_file)
   c.sft.steps = 0
   c.rl.steps = 0
   if (pathlib.Path(executor) / "model").is_dir():
@@ -96,15 +99,16 @@ def executor_task(executor: str, out: pathlib.Path, config_file: str = "", data:
   else:
     c.model.init, c.model.path = "hf", str(executor)
     c.workdir = str(out)
-  if data:
     c.retrieval.cache_dir = str(out / "retriever")
+  if data and like is None:
     from rlrag_jax.data import paths
     c.data.source = "files"
     c.data.dir = str(paths.data_dir())
     c.data.mix = ()
     c.data.eval_mix = tuple(s.strip() for s in data.split(",") if s.strip())
-    c.data.max_eval = 0
-    c.retrieval.corpus = ""                         # the examples' own contexts
+    c.data.max_eval = int(num_examples)             # the corpus: these examples' contexts
+    c.retrieval.corpus = ""
+    c.retrieval.cache_dir = str(out / "retriever")
   return ExecutorTask(c)
 
 
@@ -142,13 +146,13 @@ def make_plans(planner: str, step: Optional[int], questions, max_new_tokens: int
 def score_cell(task, examples, traces, plan_info=None, scorer=None) -> tuple:
   """(cell summary, per-question rows)."""
   from rlrag_jax import metrics
-  from rlrag_jax.methods.apex import plans
+  from rlrag_jax.methods.apex.task import gold_plan
   rows = []
   for i, (ex, t) in enumerate(zip(examples, traces)):
     row = {"id": ex.id, "question": ex.question, "answers": list(ex.answers),
            "prediction": t.answer, "em": metrics.exact_match(t.answer, ex.answers),
            "f1": metrics.f1(t.answer, ex.answers), "plan": list(t.plan),
-           "gold_plan": plans.gold_steps(ex), **t.counts(), "steps": t.steps}
+           "gold_plan": gold_plan(ex), **t.counts(), "steps": t.steps}
     if plan_info is not None:
       row["plan_fallback"] = plan_info["fallback"][i]
       row["planner_output"] = plan_info["text"][i]
@@ -174,11 +178,12 @@ def run_pipeline(planner: str, executor: str, out, *, executor_base: str = "",
                  planner_sft_step: Optional[int] = None, config_file: str = "", data: str = "",
                  num_examples: int = 200) -> dict:
   """Every cell for the first `num_examples` held-out questions; writes the report."""
-  from rlrag_jax.methods.apex import plans, sepr
+  from rlrag_jax.methods.apex import sepr
+  from rlrag_jax.methods.apex.task import gold_plan
   from rlrag_jax.trainer import load_trained
   out = pathlib.Path(out)
   (out / "traces").mkdir(parents=True, exist_ok=True)
-  task = executor_task(executor, out, config_file, data)
+  task = executor_task(executor, out, config_file, data, num_examples=num_examples)
   examples = list(task.eval)[:num_examples] if num_examples else list(task.eval)
   if not examples:
     raise ValueError(f"apex pipeline: no held-out examples ({data or 'the executor run data'})")
@@ -187,7 +192,7 @@ def run_pipeline(planner: str, executor: str, out, *, executor_base: str = "",
   sft_step = int(pc.sft.steps) if planner_sft_step is None else int(planner_sft_step)
   scorer = sepr.SEPRScorer(task.encoder, float(pc.apex.sepr_threshold))
   plan_sets = {"no_planning": {"plans": [[q] for q in questions]},
-               "gold_plan": {"plans": [plans.gold_steps(ex) for ex in examples]}}
+               "gold_plan": {"plans": [gold_plan(ex) for ex in examples]}}
   try:
     plan_sets["plan_sft"] = make_plans(planner, sft_step, questions)
   except (FileNotFoundError, ValueError, KeyError) as e:
@@ -203,7 +208,7 @@ def run_pipeline(planner: str, executor: str, out, *, executor_base: str = "",
     lm = load_trained(path)
     policy = _policy(lm, int(ecfg.eval.max_new_tokens))
     if sft == "off":
-      base_task = executor_task(path, out, config_file or _config_file_hint(executor), data)
+      base_task = executor_task(path, out, like=task.config)
     else:
       base_task = task
     for cell in CELLS:
@@ -234,10 +239,6 @@ def run_pipeline(planner: str, executor: str, out, *, executor_base: str = "",
   (out / "summary.json").write_text(json.dumps(result, indent=2))
   (out / "apex_report.txt").write_text(format_report(result))
   return result
-
-
-def _config_file_hint(executor: str) -> str:
-  return "" if (pathlib.Path(executor) / "config.json").exists() else "configs/apex_executor.py"
 
 
 def format_report(result: dict) -> str:
@@ -308,6 +309,8 @@ def aggregate(dirs, out, resamples: int = 2000) -> dict:
 
 def main(argv) -> int:
   del argv
+  from absl import logging as absl_logging
+  absl_logging.set_verbosity(absl_logging.WARNING)      # Orbax logs every restore at INFO
   logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s",
                       datefmt="%H:%M:%S")
   if not _OUT.value:

@@ -19,6 +19,7 @@ from rlrag_jax import metrics
 from rlrag_jax.data import sources
 from rlrag_jax.methods.apex import executor, plans, prompts, rewrite, sepr
 from rlrag_jax.retrieval import from_config
+from rlrag_jax.rollout.batch import geometric_round
 from rlrag_jax.rollout.single_turn import completion_ids, decode_keeping_tags, single_turn
 from rlrag_jax.tasks import Episode
 
@@ -139,6 +140,12 @@ class PlannerTask:
     return self.eval_metrics_batch([episode])[0]
 
 
+def gold_plan(ex) -> list:
+  """The executor's gold plan: the decomposition's sub-questions with MuSiQue's symbolic steps
+  rewritten as questions (rewrite.py); the question itself without a decomposition."""
+  return rewrite.rewrite_plan(plans.gold_steps(ex))[0]
+
+
 def planner_prompt_text(question: str, max_steps: int, style: str) -> str:
   if style == "compact":
     return f"Question: {question}\n{PLAN_CUE}"
@@ -220,7 +227,7 @@ class ExecutorTask:
     """{example id: Trace} of the kept oracle trajectories over the training examples
     (computed once: one batched retrieval per round)."""
     if self._traces is None:
-      procs = [executor.solve(ex.question, plans.gold_steps(ex), max_hops=self.max_hops,
+      procs = [executor.solve(ex.question, gold_plan(ex), max_hops=self.max_hops,
                               gold=list(ex.decomposition), gold_answer=ex.answers[0])
                for ex in self.train]
       traces = executor.run(procs, executor.oracle_outputs, self.search)
@@ -245,7 +252,7 @@ class ExecutorTask:
     return [(self.ask_ids(a), self.target_ids(out), None) for a, out in trace.calls]
 
   def prompt_ids(self, ex) -> list:
-    return self.ask_ids(prompts.Ask("check", plans.gold_steps(ex)[0]))
+    return self.ask_ids(prompts.Ask("check", gold_plan(ex)[0]))
 
   def sft_target(self, ex) -> str:
     return ex.answers[0]
@@ -261,8 +268,8 @@ class ExecutorTask:
       yield f"{r.title}: {r.text}"
     for ex in list(self.train) + list(self.eval):
       yield ex.question
-      for st in ex.decomposition:
-        yield f"{st.question} -> {st.answer}"
+      for st, q in zip(ex.decomposition, gold_plan(ex)):
+        yield f"{q} -> {st.answer}"
 
   # ---------------------------------------------------------------- execution
   def generate_fn(self, policy, rng=None, greedy: bool = True):
@@ -271,12 +278,18 @@ class ExecutorTask:
     state = {"rng": rng if rng is not None else jax.random.PRNGKey(0)}
     limit = {"check": 4, "continue": 4, "query": int(self.config.apex.max_query_tokens)}
 
+    longest = max(*limit.values(), int(self.config.apex.max_answer_tokens))
+
     def generate(asks):
       ids = [self.ask_ids(a) for a in asks]
       state["rng"], sub = jax.random.split(state["rng"])
       per_row = [limit.get(a.kind, int(self.config.apex.max_answer_tokens)) for a in asks]
-      gen = policy.sample(ids, sub, greedy=greedy, max_new_tokens=max(per_row),
-                          max_new_tokens_per_row=per_row, batch_multiple=8)
+      # Coarse shape buckets: rounds differ in batch size and prompt length, and each new
+      # shape is an XLA compile; one token budget for every role (rows stop at their own).
+      gen = policy.sample(ids, sub, greedy=greedy, max_new_tokens=longest,
+                          max_new_tokens_per_row=per_row,
+                          batch_multiple=geometric_round(len(ids), 8, per_octave=2),
+                          prompt_length=geometric_round(max(map(len, ids)), 64, per_octave=2))
       return [decode_keeping_tags(self.tokenizer, completion_ids(gen, r))
               for r in range(len(asks))]
     return generate
@@ -297,7 +310,7 @@ class ExecutorTask:
                     info={"trace": t.to_dict()}) for ex, t in zip(examples, traces)]
 
   def eval_rollout(self, policy, examples, rng):
-    golds = [plans.gold_steps(ex) for ex in examples]
+    golds = [gold_plan(ex) for ex in examples]
     return self.episodes(examples, self.execute(policy, examples, golds, rng))
 
   def rollout(self, policy, examples, rng, *, group_size=1, greedy=False):
