@@ -24,8 +24,10 @@ Differences from the paper, with the reason:
   - The paper's 14,604 SFT trajectories were self-instructed by an LLM over HotpotQA, 2Wiki and
     MuSiQue training questions and filtered for correctness. Ours come from the gold
     decompositions with an oracle in Algorithm 2's seat (first query: the resolved
-    sub-question, later ones: its named entity; stop once a supporting passage is in). The
-    endpoint command that self-instructs trajectories from any model is not built.
+    sub-question, later ones: its named entity; stop once a supporting passage is in).
+    `python -m rlrag_jax.methods.apex.self_instruct --url=... --model=...` makes the paper's
+    kind instead (any model behind an OpenAI-compatible endpoint runs Algorithm 2 on the gold
+    plans; correct final answers kept); apex.trajectories points SFT at its file.
   - The executor prompts (appendix E) are described but their text is lost: ours are
     prompts.INSTRUCTIONS, one per role, saying what the appendix says each does.
   - Max hops H and documents per hop k: Fig. 3 marks the chosen pair but the values are lost
@@ -54,7 +56,9 @@ def base_config() -> ml_collections.ConfigDict:
       max_hops=3,                   # H: retrieval hops per sub-question
       top_k=3,                      # k: passages per hop
       max_query_tokens=32,
-      max_answer_tokens=24))
+      max_answer_tokens=24,
+      trajectories=""))             # JSONL from `python -m rlrag_jax.methods.apex.self_instruct`
+                                    # ('' = oracle trajectories from the gold decompositions)
   c.retrieval = ml_collections.ConfigDict(dict(
       backend="exact", corpus="", encoder_path="", cache_dir=""))
   c.data.mix = ("hotpotqa:train", "2wiki:train", "musique:train")
@@ -75,6 +79,7 @@ def get_config(arg: str = ""):
     c.sft.lr = 3e-3
     c.sft.max_len = 512
     c.sft.pack_bucket = 64
+    c.sft.group_by_length = 16      # role prompts run from ~30 to ~220 tokens: less padding
     c.eval.max_new_tokens = 32
     c.eval.num_examples = 200
     c.checkpoint.every = 500

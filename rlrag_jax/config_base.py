@@ -20,7 +20,8 @@ trainer (`rlrag_jax.trainer`) reads these sections for every method:
   mesh      data / fsdp / tensor axis sizes (-1: the rest of the devices).
   distributed  jax.distributed.initialize arguments for multi-host runs.
   sft       warm-up: steps (0 = none), batch_size, lr, lr_schedule, warmup_ratio, weight_decay,
-            max_len, pack_bucket (batch widths round up to it: fewer recompiles).
+            max_len, pack_bucket (batch widths round up to it: fewer recompiles), group_by_length
+            (batches of similar-length samples, within windows of that many batches).
   rl        algo ('grpo' | 'dr_grpo' | 'rloo': group advantages of the named estimator;
             'ppo': a critic, see rl.ppo and rlrag_jax.training.learners), steps, prompts_per_step, group_size, sampling (temperature, top_k, top_p,
             max_new_tokens), optimiser (lr, lr_schedule cosine | linear | constant after the
@@ -90,6 +91,8 @@ def trainer_config(method: str, workdir: str) -> ml_collections.ConfigDict:
   c.sft = ml_collections.ConfigDict(dict(
       steps=0, batch_size=32, lr=3e-3, lr_schedule="cosine", warmup_ratio=0.05,
       weight_decay=0.0, max_len=512, pack_bucket=64,
+      group_by_length=0,   # > 0: batches of similar-length SFT samples (sft_samples tasks),
+                           # sorted within windows of this many batches (less padding)
       prompt_loss=0.0))    # > 0: that loss weight on prompt tokens too (LM training on the
                            # passages, the only "pretraining" a from-scratch model gets)
 

@@ -18,6 +18,12 @@ Example:
   batch = next(it)            # list of 8 examples on this process
   ckpt = it.state_dict()      # {'epoch': 0, 'position': 8 * process_count, ...}
   it2 = BatchIterator(examples, batch_size=8, seed=0); it2.load_state_dict(ckpt)
+
+Length grouping (`lengths`, `length_window=W`): each epoch's order is cut into windows of W
+global batches; a window is sorted by item length, cut into batches, and those batches are
+shuffled within the window. Batches then hold items of similar length (less padding when the
+items' lengths vary widely, as in multi-role SFT samples); the order is still a deterministic
+function of (seed, epoch), so resuming is unchanged.
 """
 from __future__ import annotations
 
@@ -34,13 +40,30 @@ def epoch_order(num_items: int, seed: int, epoch: int, shuffle: bool = True) -> 
   return np.random.default_rng([seed, epoch]).permutation(num_items).astype(np.int64)
 
 
+def group_by_length(order: np.ndarray, lengths: np.ndarray, batch: int, window: int,
+                    seed: int, epoch: int) -> np.ndarray:
+  """`order` with each run of `window * batch` positions sorted by length and its batches
+  shuffled (see the module docstring); a trailing partial batch stays last."""
+  rng = np.random.default_rng([seed, epoch, 1])
+  out, span = [], window * batch
+  for start in range(0, len(order), span):
+    chunk = order[start:start + span]
+    chunk = chunk[np.argsort(lengths[chunk], kind="stable")]
+    full = len(chunk) // batch
+    blocks = [chunk[i * batch:(i + 1) * batch] for i in range(full)]
+    blocks = [blocks[i] for i in rng.permutation(full)] + [chunk[full * batch:]]
+    out.extend(blocks)
+  return np.concatenate(out) if out else order
+
+
 class BatchIterator:
   """Iterates batches (lists of items, or `collate(list)`) for this process; see module doc."""
 
   def __init__(self, items: Sequence, batch_size: int, *, seed: int = 0, shuffle: bool = True,
                drop_remainder: bool = True, num_epochs: Optional[int] = None,
                process_index: Optional[int] = None, process_count: Optional[int] = None,
-               collate: Optional[Callable[[list], Any]] = None):
+               collate: Optional[Callable[[list], Any]] = None,
+               lengths: Optional[Sequence[int]] = None, length_window: int = 0):
     """Args:
       items: any sequence (list of `Example`s, ...); indexed, never copied.
       batch_size: items per batch on this process (the global batch is batch_size * count).
@@ -50,6 +73,8 @@ class BatchIterator:
       num_epochs: stop after this many epochs; None repeats forever.
       process_index, process_count: default `jax.process_index()` / `jax.process_count()`.
       collate: applied to each batch's list of items.
+      lengths, length_window: group items of similar length into batches, within windows of
+        `length_window` global batches (0: off); `lengths[i]` is item i's length.
     """
     if batch_size < 1:
       raise ValueError(f"batch_size must be >= 1, found {batch_size}")
@@ -69,6 +94,10 @@ class BatchIterator:
     self.process_index = process_index
     self.process_count = process_count
     self.collate = collate
+    self.length_window = int(length_window) if lengths is not None else 0
+    self.lengths = None if not self.length_window else np.asarray(lengths, np.int64)
+    if self.lengths is not None and len(self.lengths) != len(items):
+      raise ValueError(f"lengths has {len(self.lengths)} entries for {len(items)} items")
     self.global_batch_size = batch_size * process_count
     n = len(items)
     if drop_remainder:
@@ -102,6 +131,9 @@ class BatchIterator:
   def _epoch_order(self, epoch: int) -> np.ndarray:
     if self._order_epoch != epoch:
       self._order = epoch_order(len(self.items), self.seed, epoch, self.shuffle)
+      if self.length_window:
+        self._order = group_by_length(self._order, self.lengths, self.global_batch_size,
+                                      self.length_window, self.seed, epoch)
       self._order_epoch = epoch
     return self._order
 
@@ -129,7 +161,7 @@ class BatchIterator:
     """Small JSON-able state; identical on every process."""
     return {"epoch": self._epoch, "position": self._position, "seed": self.seed,
             "shuffle": self.shuffle, "num_items": len(self.items),
-            "global_batch_size": self.global_batch_size}
+            "global_batch_size": self.global_batch_size, "length_window": self.length_window}
 
   def load_state_dict(self, state: dict) -> None:
     """Restores `state_dict()` output; the next batch is the one the saved iterator would give.
@@ -137,7 +169,7 @@ class BatchIterator:
     The seed, shuffle flag and item count must match (else the orders differ). A different
     global batch size is accepted when `position` is a multiple of it.
     """
-    for key in ("seed", "shuffle", "num_items"):
+    for key in ("seed", "shuffle", "num_items", "length_window"):
       mine = len(self.items) if key == "num_items" else getattr(self, key)
       if key in state and state[key] != mine:
         raise ValueError(f"iterator state key {key!r}: saved {state[key]!r}, but this iterator "

@@ -274,5 +274,8 @@ def stage_iterators(train, config, sft_items=None) -> tuple[Optional[BatchIterat
           f"{stage} stage: {len(items)} {what}, fewer than one batch "
           f"(config key '{stage}.{batch_key}' = {batch}); lower it, add data, or set "
           f"'{stage}.steps=0' to skip the stage")
-    out.append(BatchIterator(items, batch_size=batch, seed=seed))
+    window = int(section.get("group_by_length", 0) or 0) if stage == "sft" else 0
+    lengths = [len(x[0]) + len(x[1]) for x in items] if window and items is sft_items else None
+    out.append(BatchIterator(items, batch_size=batch, seed=seed, lengths=lengths,
+                             length_window=window))
   return tuple(out)

@@ -3,12 +3,19 @@ rewritten as natural-language sub-questions, for gold plans.
 
   python -m rlrag_jax.methods.apex.rewrite --dataset musique --split train --out plans.jsonl
 
-The paper rewrote them with DeepSeek-V3; ours are template rules: a question template per
-common Wikidata relation, and a generic "What is the <relation> of <subject>?" for the rest. A
-step is counted as 'natural' (already a question, kept), 'template', 'generic' or 'failed' (a
-'>>' form without a subject or a relation, or with several '>>': kept as written). The command
-writes one JSON line per example ({"id", "question", "steps"}) and prints the counts; point
-`apex.gold_plans` at the file to train on it.
+  python -m rlrag_jax.methods.apex.rewrite ... --llm_url=http://localhost:8000/v1 \
+      --llm_model=NAME [--llm_cache=FILE]
+
+The paper rewrote them with DeepSeek-V3. Ours by default are template rules: a question
+template per common Wikidata relation, and a generic "What is the <relation> of <subject>?" for
+the rest. With --llm_url every symbolic step goes to that OpenAI-compatible endpoint instead
+(LLM_PROMPT, ours), each reply cached in a JSON file by step text so a rerun asks nothing twice;
+a reply that is not one question keeping the step's #k references, or a failed request, falls
+back to the template rules and is counted as 'llm_failed'. A step is counted as 'natural'
+(already a question, kept), 'llm', 'template', 'generic' or 'failed' (a '>>' form without a
+subject or a relation, or with several '>>': kept as written). The command writes one JSON line
+per example ({"id", "question", "steps"}) and prints the counts; point `apex.gold_plans` at the
+file to train on it.
 """
 from __future__ import annotations
 
@@ -71,7 +78,11 @@ RELATION_TEMPLATES = {
     "has part": "What is a part of {x}?",
     "conflict": "Which conflict was {x} part of?",
 }
-KINDS = ("natural", "template", "generic", "failed")
+KINDS = ("natural", "llm", "template", "generic", "failed", "llm_failed")
+LLM_PROMPT = ("Rewrite one step of a multi-hop question decomposition as a single, natural "
+              "English question. The step is written as 'subject >> relation'; #1, #2 stand "
+              "for answers of earlier steps and must appear unchanged in your question. Reply "
+              "with the question only.\n\nStep: {step}")
 _SPACES = re.compile(r"\s+")
 
 
@@ -93,14 +104,73 @@ def rewrite_step(text: str) -> tuple:
   return f"What is the {relation} of {subject}?", "generic"
 
 
-def rewrite_plan(steps) -> tuple:
-  """([sub-question, ...], Counter of kinds) for a list of step texts."""
+def rewrite_plan(steps, rewrite=None) -> tuple:
+  """([sub-question, ...], Counter of kinds) for a list of step texts; `rewrite` (default
+  `rewrite_step`) maps one step to (text, kind)."""
+  rewrite = rewrite or rewrite_step
   out, counts = [], collections.Counter()
   for s in steps:
-    text, kind = rewrite_step(s)
+    text, kind = rewrite(s)
     out.append(text)
     counts[kind] += 1
   return out, counts
+
+
+class LLMRewriter:
+  """Symbolic steps rewritten by an LLM behind an OpenAI-compatible endpoint (`url` is its
+  base, e.g. http://localhost:8000/v1), replies cached in `cache` (a JSON file). Anything else
+  goes to `rewrite_step`. Never raises on a bad reply or a failed request: the template rules
+  answer and `.failures` counts it."""
+
+  def __init__(self, url: str, model: str, cache=None, *, timeout: float = 60.0):
+    self.url = url.rstrip("/") + "/chat/completions"
+    self.model, self.timeout = model, timeout
+    self.cache_path = pathlib.Path(cache) if cache else None
+    self.cache = {}
+    if self.cache_path is not None and self.cache_path.exists():
+      try:
+        self.cache = json.loads(self.cache_path.read_text())
+      except ValueError as e:
+        raise ValueError(f"{self.cache_path}: not a JSON cache of rewrites ({e})") from None
+    self.failures = self.requests = 0
+
+  def __call__(self, step) -> tuple:
+    if not isinstance(step, str) or ">>" not in step:
+      return rewrite_step(step)
+    reply = self.cache.get(step)
+    if reply is None:
+      from rlrag_jax.judge import chat_completion
+      self.requests += 1
+      reply = chat_completion(self.url, {
+          "model": self.model, "temperature": 0.0, "max_tokens": 64,
+          "messages": [{"role": "user", "content": LLM_PROMPT.format(step=step)}]},
+          timeout=self.timeout)
+      if reply is not None:
+        self.cache[step] = reply
+    question = _llm_question(reply, step)
+    if question is None:
+      self.failures += 1
+      return rewrite_step(step)[0], "llm_failed"
+    return question, "llm"
+
+  def save(self) -> None:
+    if self.cache_path is not None:
+      self.cache_path.parent.mkdir(parents=True, exist_ok=True)
+      self.cache_path.write_text(json.dumps(self.cache, indent=1, sort_keys=True))
+
+
+def _llm_question(reply, step: str):
+  """The reply's question when it is one line ending in '?' that keeps the step's #k
+  references and has no '>>'; else None."""
+  if not isinstance(reply, str):
+    return None
+  lines = [l.strip().strip("\"'`") for l in reply.strip().splitlines() if l.strip()]
+  if len(lines) != 1 or not lines[0].endswith("?") or ">>" in lines[0]:
+    return None
+  refs = set(re.findall(r"#\d+", step))
+  if refs != set(re.findall(r"#\d+", lines[0])):
+    return None
+  return lines[0]
 
 
 def read_plans(path) -> dict:
@@ -128,7 +198,16 @@ def main(argv=None):
   ap.add_argument("--path", default="",
                   help="the dataset's folder or JSONL file ('' = <RLRAG_DATA_DIR>/<dataset>/)")
   ap.add_argument("--out", required=True)
+  ap.add_argument("--llm_url", default="", help="OpenAI-compatible endpoint base URL ('' = the "
+                  "template rules)")
+  ap.add_argument("--llm_model", default="", help="the endpoint's model name")
+  ap.add_argument("--llm_cache", default="", help="JSON cache of LLM rewrites (default: "
+                  "OUT.llm_cache.json)")
   args = ap.parse_args(argv)
+  llm = None
+  if args.llm_url:
+    llm = LLMRewriter(args.llm_url, args.llm_model,
+                      args.llm_cache or str(args.out) + ".llm_cache.json")
   from tqdm.auto import tqdm
   from rlrag_jax.data import loaders
   examples = loaders.load_dataset(args.dataset, args.path or None, split=args.split)
@@ -137,9 +216,13 @@ def main(argv=None):
   out.parent.mkdir(parents=True, exist_ok=True)
   with out.open("w") as f:
     for ex in tqdm(examples, desc="rewrite", unit="question"):
-      steps, counts = rewrite_plan([s.question for s in ex.decomposition])
+      steps, counts = rewrite_plan([s.question for s in ex.decomposition], llm)
       total.update(counts)
       f.write(json.dumps({"id": str(ex.id), "question": ex.question, "steps": steps}) + "\n")
+  if llm is not None:
+    llm.save()
+    print(f"LLM: {llm.requests} requests, {llm.failures} steps fell back to the template rules "
+          f"(cache: {llm.cache_path})")
   n = sum(total.values())
   print(f"{len(examples)} questions, {n} steps -> {out}")
   for k in KINDS:

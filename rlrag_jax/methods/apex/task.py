@@ -189,7 +189,7 @@ class ExecutorTask:
     self.corpus = from_config.corpus_for(config, sel)
     self.encoder, self.retriever, _ = from_config.retriever_for(config, self.corpus, encoder)
     self._emb = {}
-    self._traces = None
+    self._traces = self._calls = None
     self.kept = self.dropped = 0
     from rlrag_jax.data.tokenizer import tokenizer_for
     self.tokenizer = tokenizer_for(config.model, config.workdir, self.tokenizer_texts, ())
@@ -231,7 +231,7 @@ class ExecutorTask:
                               gold=list(ex.decomposition), gold_answer=ex.answers[0])
                for ex in self.train]
       traces = executor.run(procs, executor.oracle_outputs, self.search)
-      self._traces = {ex.id: t for ex, t in zip(self.train, traces) if t.supported}
+      self._traces = {str(ex.id): t for ex, t in zip(self.train, traces) if t.supported}
       self.kept, self.dropped = len(self._traces), len(traces) - len(self._traces)
       kinds = {}
       for t in self._traces.values():
@@ -245,11 +245,22 @@ class ExecutorTask:
                          "raise apex.max_hops or apex.top_k")
     return self._traces
 
+  def sft_calls(self) -> dict:
+    """{example id: [(Ask, output), ...]}: the trajectories SFT trains on, from
+    `apex.trajectories` (self_instruct.py's file) when set, else the oracle's."""
+    if self._calls is None:
+      path = self.config.apex.get("trajectories", "")
+      if path:
+        from rlrag_jax.methods.apex import self_instruct
+        self._calls = self_instruct.read_trajectories(path)
+        log.info("apex executor: %d trajectories from %s", len(self._calls), path)
+      else:
+        self._calls = {k: t.calls for k, t in self.oracle_traces().items()}
+    return self._calls
+
   def sft_samples(self, ex) -> list:
-    trace = self.oracle_traces().get(ex.id)
-    if trace is None:
-      return []
-    return [(self.ask_ids(a), self.target_ids(out), None) for a, out in trace.calls]
+    calls = self.sft_calls().get(str(ex.id), [])
+    return [(self.ask_ids(a), self.target_ids(out), None) for a, out in calls]
 
   def prompt_ids(self, ex) -> list:
     return self.ask_ids(prompts.Ask("check", gold_plan(ex)[0]))
@@ -276,7 +287,7 @@ class ExecutorTask:
     """`generate(asks) -> texts` for executor.run: one batched model call per round."""
     import jax
     state = {"rng": rng if rng is not None else jax.random.PRNGKey(0)}
-    limit = {"check": 4, "continue": 4, "query": int(self.config.apex.max_query_tokens)}
+    limit = {"check": 8, "continue": 8, "query": int(self.config.apex.max_query_tokens)}
 
     longest = max(*limit.values(), int(self.config.apex.max_answer_tokens))
 

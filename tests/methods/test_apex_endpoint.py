@@ -1,0 +1,125 @@
+"""APEX's two endpoint commands against a local OpenAI-compatible server: the LLM rewrite of
+MuSiQue's symbolic steps (cached, bad replies fall back to the templates and are counted) and
+self-instructed executor trajectories (only correct ones kept, readable back for SFT)."""
+import http.server
+import json
+import threading
+
+import pytest
+
+from configs import apex_executor
+from rlrag_jax.methods.apex import prompts, rewrite, self_instruct
+from rlrag_jax.methods.apex.task import ExecutorTask, gold_plan
+
+
+class _Chat(http.server.BaseHTTPRequestHandler):
+  respond = staticmethod(lambda body: "")
+  bodies = []
+
+  def do_POST(self):  # noqa: N802
+    body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+    _Chat.bodies.append(body)
+    content = _Chat.respond(body)
+    if content is None:
+      self.send_response(500)
+      self.end_headers()
+      return
+    out = json.dumps({"choices": [{"message": {"role": "assistant", "content": content}}]})
+    self.send_response(200)
+    self.send_header("Content-Type", "application/json")
+    self.end_headers()
+    self.wfile.write(out.encode())
+
+  def log_message(self, *a):
+    pass
+
+
+@pytest.fixture
+def chat():
+  srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Chat)
+  srv.daemon_threads = True
+  threading.Thread(target=srv.serve_forever, daemon=True).start()
+  _Chat.bodies.clear()
+  yield f"http://127.0.0.1:{srv.server_address[1]}/v1"
+  srv.shutdown()
+
+
+def test_llm_rewrite_caches_and_falls_back(chat, tmp_path):
+  replies = {"Anna Bell >> place of birth": "Where was Anna Bell born?",
+             "#1 >> country": "Which country is #1 in?",
+             "#2 >> spouse": "Who is the spouse of the person?",       # lost its #2: rejected
+             "Rome >> mayor": "Rome's mayor?\nAlso: ..."}               # two lines: rejected
+  _Chat.respond = staticmethod(lambda body: replies.get(
+      body["messages"][0]["content"].rsplit("Step: ", 1)[1], None))
+  llm = rewrite.LLMRewriter(chat, "m", tmp_path / "cache.json", timeout=5)
+  steps = ["Anna Bell >> place of birth", "#1 >> country", "#2 >> spouse", "Rome >> mayor",
+           "Who wrote Ulysses?", "Paris >> twin town"]          # the last: a 500 from the server
+  out, counts = rewrite.rewrite_plan(steps, llm)
+  assert out[:2] == ["Where was Anna Bell born?", "Which country is #1 in?"]
+  assert out[2] == "Who is the spouse of #2?"                   # the template rule instead
+  assert out[4] == "Who wrote Ulysses?"
+  assert counts == {"llm": 2, "llm_failed": 3, "natural": 1}
+  # natural steps ask nothing; the 500 is retried twice (judge.chat_completion)
+  assert llm.failures == 3 and len(_Chat.bodies) == 4 + 3
+  llm.save()
+  again = rewrite.LLMRewriter(chat, "m", tmp_path / "cache.json", timeout=5)
+  assert again(steps[0]) == ("Where was Anna Bell born?", "llm")
+  assert len(_Chat.bodies) == 7                                  # answered from the cache
+  (tmp_path / "bad.json").write_text("{")
+  with pytest.raises(ValueError, match="bad.json"):
+    rewrite.LLMRewriter(chat, "m", tmp_path / "bad.json")
+
+
+@pytest.fixture(scope="module")
+def task(tmp_path_factory):
+  c = apex_executor.get_config("")
+  c.workdir = str(tmp_path_factory.mktemp("apex_endpoint"))
+  c.data.world = dict(seed=0, num_countries=12, num_cities=48, num_people=320, num_orgs=80,
+                      num_films=200, num_books=200, num_questions=200)
+  c.data.max_train = 6
+  c.model.vocab_size = 512
+  return ExecutorTask(c)
+
+
+def test_self_instruct_keeps_correct_trajectories_and_sft_reads_them(chat, task, tmp_path):
+  exs = list(task.train)[:3]
+  # The "model": decides like the oracle, copies the sub-question as its query, answers each
+  # sub-question with its gold answer, and gets the last question's final answer wrong.
+  sub = {q: st.answer for ex in exs for q, st in zip(gold_plan(ex), ex.decomposition)}
+  final = {ex.question: ex.answers[0] for ex in exs[:2]}
+
+  def respond(body):
+    system, user = (m["content"] for m in body["messages"])
+    kind = next(k for k, v in prompts.INSTRUCTIONS.items() if v == system)
+    question = next(l.split(": ", 1)[1] for l in user.splitlines()
+                    if l.startswith(("Question: ", "Main question: ")))
+    if kind == "check":
+      return "retrieve"
+    if kind == "continue":
+      return "stop"
+    if kind.startswith("query"):
+      return question
+    if kind == "synthesis":
+      return final.get(question, "nobody")
+    # resolved sub-questions differ from the plan's #k text: match on the answer table
+    return next((a for q, a in sub.items() if q.split("#")[0] in question), "?")
+  _Chat.respond = staticmethod(respond)
+  model = self_instruct.EndpointModel(chat, "m", workers=4, timeout=5)
+  res = self_instruct.generate_trajectories(task, model, tmp_path / "t.jsonl", max_examples=3,
+                                            batch=2)
+  assert res["tried"] == 3 and res["kept"] == 2 and res["failed_requests"] == 0
+  calls = self_instruct.read_trajectories(tmp_path / "t.jsonl")
+  assert sorted(calls) == sorted(str(ex.id) for ex in exs[:2])
+  first = calls[str(exs[0].id)]
+  assert first[0][0].kind == "check" and first[-1] == (first[-1][0], exs[0].answers[0])
+  # SFT on the file: one sample per call, the outputs as targets
+  task.config.apex.trajectories = str(tmp_path / "t.jsonl")
+  task._calls = None
+  samples = task.sft_samples(exs[0])
+  assert len(samples) == len(first)
+  assert task.tokenizer.decode(samples[-1][1], skip_special_tokens=True).strip() == \
+      exs[0].answers[0]
+  assert task.sft_samples(exs[2]) == []
+  (tmp_path / "bad.jsonl").write_text('{"id": "x", "calls": [{"ask": {"kind": "dance"}}]}\n')
+  with pytest.raises(ValueError, match="bad.jsonl:1"):
+    self_instruct.read_trajectories(tmp_path / "bad.jsonl")
