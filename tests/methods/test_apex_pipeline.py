@@ -133,12 +133,10 @@ def test_paper_presets_train_on_real_data_and_run_the_pipeline(tmp_path, shared_
   result = pipeline.run_pipeline(str(tmp_path / "planner"), str(tmp_path / "executor"),
                                  tmp_path / "out", data="musique:dev", num_examples=2,
                                  executor_base=str(ckpt))
-  for cell in pipeline.CELLS:
-    if cell == "plan_sft":
-      continue                                      # the paper preset has no planner SFT
+  for cell in pipeline.CELLS:                       # plan_sft: the untrained HF planner
     for sft in ("on", "off"):
       assert result["cells"][f"{cell}/exec_sft_{sft}"]["n"] == 2
-  assert "plan_sft/exec_sft_on" not in result["cells"]
+  assert result["planner_sft_step"] == 0
   rows = [json.loads(l) for l in (tmp_path / "out" / "traces" /
                                   "gold_plan.exec_sft_on.jsonl").open()]
   assert all(">>" not in s for r in rows for s in r["plan"])    # symbolic steps rewritten

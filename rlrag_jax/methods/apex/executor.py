@@ -33,6 +33,7 @@ import re
 from typing import Callable, Iterator, Optional, Sequence
 
 from rlrag_jax.methods.apex import plans
+from rlrag_jax.rollout import agents
 from rlrag_jax.methods.apex.prompts import (Ask, normalized, parse_answer, parse_decision,
                                             parse_query, repeats)
 
@@ -169,32 +170,11 @@ def solve(question: str, plan: Sequence[str], *, max_hops: int, gold: Optional[l
 
 
 def run(processes: Sequence[Iterator], generate: Callable, search: Callable) -> list:
-  """Drives `solve` generators to the end, batching: each round, every pending Ask goes to one
-  `generate(asks) -> [text]` call and every pending Search to one `search(queries) -> [[Hit]]`
-  call. Returns their results (Traces) in order."""
-  results = [None] * len(processes)
-  pending = {}
-  for i, p in enumerate(processes):
-    _advance(p, i, None, pending, results, first=True)
-  while pending:
-    asks = [(i, r) for i, r in pending.items() if isinstance(r, Ask)]
-    finds = [(i, r) for i, r in pending.items() if isinstance(r, Search)]
-    replies = {}
-    if asks:
-      replies.update(zip([i for i, _ in asks], generate([r for _, r in asks])))
-    if finds:
-      replies.update(zip([i for i, _ in finds], search([r.query for _, r in finds])))
-    pending = {}
-    for i, reply in replies.items():
-      _advance(processes[i], i, reply, pending, results)
-  return results
-
-
-def _advance(p, i, reply, pending, results, first=False):
-  try:
-    pending[i] = next(p) if first else p.send(reply)
-  except StopIteration as stop:
-    results[i] = stop.value
+  """Drives `solve` generators to the end (`rollout.agents.drive`): each round, every pending
+  Ask goes to one `generate(asks) -> [text]` call and every pending Search to one
+  `search(queries) -> [[Hit]]` call. Returns their results (Traces) in order."""
+  return agents.drive(processes, {Ask: generate,
+                                  Search: lambda reqs: search([r.query for r in reqs])})
 
 
 def oracle_outputs(asks: Sequence[Ask]) -> list:

@@ -11,7 +11,8 @@ retrievals and plan statistics:
 
   naive_rag     the question's top-k passages, one answer (the executor's sub-answer role)
   no_planning   the question as a one-step plan through the executor (Algorithm 2)
-  plan_sft      plans of the planner at the end of its SFT warm-up ("planning without RL")
+  plan_sft      plans of the planner at the end of its SFT warm-up ("planning without RL"; a
+                ":paper" run without SFT: its untrained HF checkpoint)
   plan_rl       plans of the planner after GRPO on SEPR (the full system)
   gold_plan     the gold decompositions (an upper bound on planning; not a paper cell)
 
@@ -115,14 +116,19 @@ def executor_task(executor: str, out: pathlib.Path, config_file: str = "", data:
 # ------------------------------------------------------------------------------ planning
 def make_plans(planner: str, step: Optional[int], questions, max_new_tokens: int = 0) -> dict:
   """Greedy plans of the planner run's checkpoint `step` (None: latest) for `questions`:
-  {'plans': [[sub-question, ...]], 'fallback': [bool], 'text': [raw output]}."""
+  {'plans': [[sub-question, ...]], 'fallback': [bool], 'text': [raw output]}. Step 0 of a run
+  that started from an HF checkpoint without SFT (the ':paper' preset) is that checkpoint: the
+  paper's untrained planner."""
   import jax
   from rlrag_jax.methods.apex import plans
   from rlrag_jax.methods.apex.task import planner_prompt_ids
   from rlrag_jax.rollout.single_turn import completion_ids, decode_keeping_tags
   from rlrag_jax.trainer import load_trained
   pc = _run_config(planner)
-  lm = load_trained(planner, step=step)
+  if step == 0 and pc.model.init == "hf" and int(pc.sft.steps) == 0:
+    lm = load_trained(pc.model.path)
+  else:
+    lm = load_trained(planner, step=step)
   tok = lm.tokenizer
   use_chat = bool(pc.model.chat_template and getattr(tok, "chat_template", None))
   max_steps = int(pc.apex.max_steps)
