@@ -1,0 +1,31 @@
+"""Every config in configs/ builds its presets, names an unknown preset in its error, and lists
+its differences from the paper in its docstring."""
+import importlib
+import pathlib
+
+import pytest
+
+CONFIGS = sorted(p.stem for p in (pathlib.Path(__file__).parents[1] / "configs").glob("*.py")
+                 if not p.stem.startswith("_"))
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_presets_build_and_document_differences(name):
+  mod = importlib.import_module(f"configs.{name}")
+  assert "Differences from the paper" in mod.__doc__
+  for preset in ("", "paper"):
+    c = mod.get_config(preset)
+    assert c.method and c.workdir
+    if preset == "paper":
+      assert c.model.init == "hf" and c.data.source == "files"
+    else:
+      assert c.data.source == "world"
+  with pytest.raises(ValueError, match="nonsense"):
+    mod.get_config("nonsense")
+
+
+def test_apex_executor_is_sft_only():
+  from configs import apex_executor
+  for preset in ("", "paper"):
+    c = apex_executor.get_config(preset)
+    assert c.rl.steps == 0 and c.sft.steps > 0 and tuple(c.stages) == ("sft",)
