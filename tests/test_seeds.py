@@ -159,3 +159,18 @@ def test_a_methods_own_metric_is_summarised(tmp_path):
   assert st["gain_per_seed"] == [0.5] and st["paired_examples"] == 2
   assert seeds._curve(w, "sepr") == ([0, 1], [0.25, 0.75])    # pylint: disable=protected-access
   assert seeds._curve(w, "reward/total") == ([1], [1.0])       # pylint: disable=protected-access
+
+
+def test_sft_only_runs_are_labelled_final(tmp_path):
+  """Runs without RL (APEX's executor) have one evaluation: no gain, and no 'after RL' label."""
+  w = tmp_path / "s0"
+  w.mkdir()
+  (w / "eval_summary.json").write_text(json.dumps({"before": None, "after": {"em": 0.5, "n": 2},
+                                                   "minutes": 1.0}))
+  (w / "eval_rows.json").write_text(json.dumps({"before": None, "after": [
+      {"id": "a", "em": 1.0}, {"id": "b", "em": 0.0}]}))
+  (w / "metrics.jsonl").write_text(json.dumps({"step": 1, "stage": "eval_after", "em": 0.5}))
+  runs = {"main": {0: seeds.load_run(w)}}
+  text = seeds.write_markdown(seeds.summarise(runs, 50), tmp_path / "m.md", "t")
+  assert "| metric | warm-up (before RL) | final |" in text and "after RL" not in text
+  assert "| em | – | 0.500 ± 0.000 | – | – | – |" in text

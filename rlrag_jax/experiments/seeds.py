@@ -214,9 +214,12 @@ def write_markdown(summary: dict, path: pathlib.Path, title: str, before: str = 
                    after: str = "final") -> str:
   lines = [f"# {title}", ""]
   for arm, st in summary["arms"].items():
+    # runs without RL (SFT only) have no warm-up point: their final evaluation is "final"
+    after_name = (_point_name(after) if after != "final" or
+                  any("gain" in e for e in st["metrics"].values()) else "final")
     lines += [f"## {arm}: seeds {', '.join(map(str, st['seeds']))}"
               + (f"; {_pm(st['minutes'])} min per seed" if st["minutes"] else ""), "",
-              f"| metric | {_point_name(before)} | {_point_name(after)} | gain (after - before) | "
+              f"| metric | {_point_name(before)} | {after_name} | gain (after - before) | "
               "paired bootstrap 95% CI of the gain | gain > 0 on every seed |",
               "|---|---|---|---|---|---|"]
     for m, e in st["metrics"].items():
