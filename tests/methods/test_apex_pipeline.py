@@ -94,6 +94,7 @@ def test_aggregate_pairs_questions_over_seeds(runs, tmp_path):
   assert agg["diffs"]["plan_rl - naive_rag"]["per_seed"] == pytest.approx([1 / 3, 1 / 3])
   assert agg["cells"]["plan_rl/exec_sft_on"]["em"][0] == pytest.approx(2 / 3)
   assert (tmp_path / "agg" / "pipeline_seeds.md").exists()
+  assert (tmp_path / "agg" / "pipeline_seeds.png").stat().st_size > 0
 
 
 def test_paper_presets_train_on_real_data_and_run_the_pipeline(tmp_path, shared_data_dir):

@@ -310,7 +310,27 @@ def aggregate(dirs, out, resamples: int = 2000) -> dict:
   (out / "pipeline_seeds.md").write_text(text)
   (out / "pipeline_seeds.json").write_text(json.dumps({"cells": table, "diffs": diffs},
                                                       indent=2))
+  _plot(runs, out / "pipeline_seeds.png")
   return {"cells": table, "diffs": diffs, "text": text}
+
+
+def _plot(runs, path) -> None:
+  """Held-out EM per cell (exec SFT on): one dot per seed, the mean as a bar with its std."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  cells = [c for c in CELLS if any(f"{c}/exec_sft_on" in r["cells"] for r in runs)]
+  fig, ax = plt.subplots(figsize=(1.4 * len(cells) + 1.5, 3.2))
+  for x, c in enumerate(cells):
+    v = [r["cells"][f"{c}/exec_sft_on"]["em"] for r in runs if f"{c}/exec_sft_on" in r["cells"]]
+    ax.bar(x, np.mean(v), yerr=np.std(v), color="#9ecae1", capsize=4)
+    ax.scatter([x] * len(v), v, color="#08519c", s=12, zorder=3)
+  ax.set_xticks(range(len(cells)), [LABELS[c] for c in cells], rotation=20, ha="right")
+  ax.set_ylabel("held-out EM")
+  ax.set_title(f"APEX pipeline, {len(runs)} seeds (dots), mean ± std")
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
 
 
 def main(argv) -> int:
