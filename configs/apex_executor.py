@@ -35,6 +35,9 @@ Differences from the paper, with the reason:
     k=3; H=3 on CPU (the oracle rarely needs a second hop), H=5 in ':paper'.
   - Lost from appendix D.4, our choices: 3 epochs, lr 1e-5, warm-up ratio 0.1, 64 samples per
     step, sequence length 4096.
+  - Passages are shown cut to apex.max_passage_words words (':paper' 200, so that 5 hops of 3
+    passages fit the 4096-token length; CPU 80, longer than any world passage). The paper does
+    not say how it fits its contexts.
   - The final answer's confidence score (section 2.4.3) is not produced: nothing downstream
     reads it.
   - De-duplication is per sub-question (Algorithm 2 keeps the retrieved set within its loop);
@@ -57,6 +60,7 @@ def base_config() -> ml_collections.ConfigDict:
       top_k=3,                      # k: passages per hop
       max_query_tokens=32,
       max_answer_tokens=24,
+      max_passage_words=80,         # passages shown cut to this many words (0: whole)
       trajectories=""))             # JSONL from `python -m rlrag_jax.methods.apex.self_instruct`
                                     # ('' = oracle trajectories from the gold decompositions)
   c.retrieval = ml_collections.ConfigDict(dict(
@@ -92,6 +96,7 @@ def get_config(arg: str = ""):
     c.data.max_train = 0
     c.data.max_eval = 500
     c.apex.max_hops = 5
+    c.apex.max_passage_words = 200
     c.retrieval.backend = "scann"
     c.sft.steps = 685               # 3 epochs of 14,604 trajectories at 64 a step
     c.sft.batch_size = 64

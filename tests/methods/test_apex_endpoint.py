@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from configs import apex_executor
-from rlrag_jax.methods.apex import prompts, rewrite, self_instruct
+from rlrag_jax.methods.apex import executor, prompts, rewrite, self_instruct
 from rlrag_jax.methods.apex.task import ExecutorTask, gold_plan
 
 
@@ -123,3 +123,28 @@ def test_self_instruct_keeps_correct_trajectories_and_sft_reads_them(chat, task,
   (tmp_path / "bad.jsonl").write_text('{"id": "x", "calls": [{"ask": {"kind": "dance"}}]}\n')
   with pytest.raises(ValueError, match="bad.jsonl:1"):
     self_instruct.read_trajectories(tmp_path / "bad.jsonl")
+
+
+def test_executor_generate_chunks_batches_and_guards_long_prompts(task):
+  """The executor's model calls go out in eval.batch_size chunks, and a prompt longer than the
+  model's positions keeps its end instead of failing; greedy outputs do not depend on the
+  chunking."""
+  import jax
+  from rlrag_jax.models import DecoderLM, ModelConfig
+  from rlrag_jax.models.decoder import init_params
+  from rlrag_jax.rollout.policy import Policy
+  cfg = ModelConfig(vocab_size=len(task.tokenizer), hidden_size=32, intermediate_size=64,
+                    num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16,
+                    max_position_embeddings=256)
+  policy = Policy(cfg, init_params(DecoderLM(cfg), jax.random.PRNGKey(0)), max_new_tokens=32,
+                  eos_ids=(task.tokenizer.eos_token_id,))
+  asks = [prompts.Ask("sub_answer", f"Who is number {i}?", passages=(("T", "word " * 20),))
+          for i in range(5)]
+  asks.append(prompts.Ask("sub_answer", "Long?", passages=(("T", "word " * 2000),)))
+  task.config.eval.batch_size = 64
+  whole = task.generate_fn(policy)(asks)
+  task.config.eval.batch_size = 2
+  chunked = task.generate_fn(policy)(asks)
+  assert len(whole) == len(chunked) == 6 and whole == chunked
+  assert task.truncated_prompts == 2                   # the long prompt, once per call
+  assert executor.clip("a b c d", 2) == "a b ..." and executor.clip("a b", 0) == "a b"

@@ -98,9 +98,18 @@ def _needs_passage(step, knowledge) -> bool:
   return not (ans and f" {ans} " in f" {known} ")
 
 
+def clip(text: str, max_words: int) -> str:
+  """`text` cut to its first `max_words` words (0: whole), '...' marking a cut."""
+  words = str(text).split()
+  if not max_words or len(words) <= max_words:
+    return str(text)
+  return " ".join(words[:max_words]) + " ..."
+
+
 def solve(question: str, plan: Sequence[str], *, max_hops: int, gold: Optional[list] = None,
-          gold_answer: Optional[str] = None) -> Iterator:
-  """Executes `plan` for `question` (see the module docstring); returns a `Trace`."""
+          gold_answer: Optional[str] = None, passage_words: int = 0) -> Iterator:
+  """Executes `plan` for `question` (see the module docstring); returns a `Trace`. Passages are
+  shown cut to `passage_words` words (0: whole)."""
   trace = Trace(question=question, plan=list(plan))
   knowledge, answers = [], []
 
@@ -155,7 +164,7 @@ def solve(question: str, plan: Sequence[str], *, max_hops: int, gold: Optional[l
           break
         seen.update(h.id for h in new)
         hits_all += new
-        passages += [(h.title, h.text) for h in new]
+        passages += [(h.title, clip(h.text, passage_words)) for h in new]
       if g is not None and need and not _supports(g, hits_all):
         trace.supported = False
       out = yield from ask(Ask("sub_answer", q, known, tuple(passages), target=g and g.answer))
@@ -186,11 +195,12 @@ def oracle_outputs(asks: Sequence[Ask]) -> list:
   return [a.target for a in asks]
 
 
-def naive_rag(question: str) -> Iterator:
+def naive_rag(question: str, passage_words: int = 0) -> Iterator:
   """The naive-RAG baseline as a process: the question's own top-k passages, one answer."""
   trace = Trace(question=question, plan=[question])
   hits = yield Search(question)
-  a = Ask("sub_answer", question, passages=tuple((h.title, h.text) for h in hits))
+  a = Ask("sub_answer", question,
+          passages=tuple((h.title, clip(h.text, passage_words)) for h in hits))
   out = yield a
   trace.calls.append((a, out))
   trace.answer = parse_answer(out)

@@ -172,6 +172,8 @@ class ExecutorTask:
     self.config = config
     a = config.apex
     self.max_steps, self.max_hops, self.top_k = int(a.max_steps), int(a.max_hops), int(a.top_k)
+    self.passage_words = int(a.get("max_passage_words", 0) or 0)
+    self.truncated_prompts = 0
     for key, v in (("max_steps", self.max_steps), ("max_hops", self.max_hops),
                    ("top_k", self.top_k)):
       if v < 1:
@@ -228,7 +230,8 @@ class ExecutorTask:
     (computed once: one batched retrieval per round)."""
     if self._traces is None:
       procs = [executor.solve(ex.question, gold_plan(ex), max_hops=self.max_hops,
-                              gold=list(ex.decomposition), gold_answer=ex.answers[0])
+                              gold=list(ex.decomposition), gold_answer=ex.answers[0],
+                              passage_words=self.passage_words)
                for ex in self.train]
       traces = executor.run(procs, executor.oracle_outputs, self.search)
       self._traces = {str(ex.id): t for ex, t in zip(self.train, traces) if t.supported}
@@ -291,29 +294,48 @@ class ExecutorTask:
 
     longest = max(*limit.values(), int(self.config.apex.max_answer_tokens))
 
+    room = int(policy.config.max_position_embeddings) - longest
+    chunk = max(1, int(self.config.eval.batch_size))
+
     def generate(asks):
       ids = [self.ask_ids(a) for a in asks]
-      state["rng"], sub = jax.random.split(state["rng"])
-      per_row = [limit.get(a.kind, int(self.config.apex.max_answer_tokens)) for a in asks]
-      # Coarse shape buckets: rounds differ in batch size and prompt length, and each new
-      # shape is an XLA compile; one token budget for every role (rows stop at their own).
-      gen = policy.sample(ids, sub, greedy=greedy, max_new_tokens=longest,
-                          max_new_tokens_per_row=per_row,
-                          batch_multiple=geometric_round(len(ids), 8, per_octave=2),
-                          prompt_length=geometric_round(max(map(len, ids)), 64, per_octave=2))
-      return [decode_keeping_tags(self.tokenizer, completion_ids(gen, r))
-              for r in range(len(asks))]
+      long = [i for i, x in enumerate(ids) if len(x) > room]
+      if long:                      # a guard: keep the prompt's end (question, cue)
+        if not self.truncated_prompts:
+          log.warning("apex executor: prompts longer than the model's %d positions keep their "
+                      "last %d tokens (lower apex.max_passage_words)",
+                      policy.config.max_position_embeddings, room)
+        self.truncated_prompts += len(long)
+        for i in long:
+          ids[i] = ids[i][-room:]
+      out = []
+      for start in range(0, len(ids), chunk):
+        part = ids[start:start + chunk]
+        state["rng"], sub = jax.random.split(state["rng"])
+        per_row = [limit.get(a.kind, int(self.config.apex.max_answer_tokens))
+                   for a in asks[start:start + chunk]]
+        # Coarse shape buckets: rounds differ in batch size and prompt length, and each new
+        # shape is an XLA compile; one token budget for every role (rows stop at their own).
+        gen = policy.sample(part, sub, greedy=greedy, max_new_tokens=longest,
+                            max_new_tokens_per_row=per_row,
+                            batch_multiple=geometric_round(len(part), 8, per_octave=2),
+                            prompt_length=min(room, geometric_round(max(map(len, part)), 64,
+                                                                    per_octave=2)))
+        out += [decode_keeping_tags(self.tokenizer, completion_ids(gen, r))
+                for r in range(len(part))]
+      return out
     return generate
 
   def execute(self, policy, examples, plan_lists, rng=None) -> list:
     """Traces of executing `plan_lists[i]` for `examples[i]` (greedy)."""
-    procs = [executor.solve(ex.question, p, max_hops=self.max_hops)
+    procs = [executor.solve(ex.question, p, max_hops=self.max_hops,
+                            passage_words=self.passage_words)
              for ex, p in zip(examples, plan_lists)]
     return executor.run(procs, self.generate_fn(policy, rng), self.search)
 
   def naive_rag(self, policy, examples, rng=None) -> list:
     """Traces of the naive-RAG baseline: the question's top-k passages, one answer."""
-    procs = [executor.naive_rag(ex.question) for ex in examples]
+    procs = [executor.naive_rag(ex.question, self.passage_words) for ex in examples]
     return executor.run(procs, self.generate_fn(policy, rng), self.search)
 
   def episodes(self, examples, traces) -> list:
