@@ -13,12 +13,11 @@ from __future__ import annotations
 import logging
 from typing import Sequence
 
-import numpy as np
-
 from rlrag_jax import metrics
 from rlrag_jax.data import sources
 from rlrag_jax.methods.apex import executor, plans, prompts, rewrite, sepr
 from rlrag_jax.retrieval import from_config
+from rlrag_jax.retrieval.query_cache import QueryEmbeddings
 from rlrag_jax.rollout.batch import geometric_round
 from rlrag_jax.rollout.single_turn import completion_ids, decode_keeping_tags, single_turn
 from rlrag_jax.tasks import Episode
@@ -190,7 +189,7 @@ class ExecutorTask:
                        f"apex.max_steps={self.max_steps} steps")
     self.corpus = from_config.corpus_for(config, sel)
     self.encoder, self.retriever, _ = from_config.retriever_for(config, self.corpus, encoder)
-    self._emb = {}
+    self._embed = QueryEmbeddings(self.encoder)
     self._traces = self._calls = None
     self.kept = self.dropped = 0
     from rlrag_jax.data.tokenizer import tokenizer_for
@@ -201,16 +200,9 @@ class ExecutorTask:
   # ---------------------------------------------------------------- retrieval
   def search(self, queries: Sequence[str]) -> list:
     """Per query its top `apex.top_k` Hits (query embeddings cached by text)."""
-    todo = sorted({q for q in queries if q not in self._emb})
-    if todo:
-      if len(self._emb) > 200_000:
-        self._emb.clear()
-      for q, e in zip(todo, self.encoder.encode(todo, batch_size=64)):
-        self._emb[q] = e
     if not queries:
       return []
-    return self.retriever.search_embeddings(np.stack([self._emb[q] for q in queries]),
-                                            self.top_k)
+    return self.retriever.search_embeddings(self._embed(queries), self.top_k)
 
   # ---------------------------------------------------------------- prompts and SFT data
   def ask_ids(self, ask: prompts.Ask) -> list:

@@ -50,6 +50,7 @@ from rlrag_jax import metrics
 from rlrag_jax.data import sources
 from rlrag_jax.methods.search import parsing, prompts, rewards
 from rlrag_jax.retrieval import from_config
+from rlrag_jax.retrieval.query_cache import QueryEmbeddings
 from rlrag_jax.rollout import Observation, run_tool_loop, truncate_observation
 from rlrag_jax.tasks import Episode
 
@@ -103,7 +104,6 @@ class SearchTask:
     self.use_chat = bool(config.model.chat_template and
                          getattr(self.tokenizer, "chat_template", None))
     self._drop_long_prompts(int(config.tool.get("max_prompt_len", 0) or 0))
-    self._emb_cache = {}
     self._gold = {}
     self._judge = _judge(config.reward)
     if config.reward.match == "judge" and self._judge is None:
@@ -111,6 +111,7 @@ class SearchTask:
                        "point it at an OpenAI-compatible endpoint, or set reward.match='em'")
     self.encoder, self.retriever, self._index_dir = from_config.retriever_for(
         config, self.corpus, encoder)
+    self._embed = QueryEmbeddings(self.encoder)
     if self.train:
       n_known = sum(len(v) for v in self._known.values())
       n_steps = sum(len(prompts._searched_steps(e)) for e in self.train)  # pylint: disable=protected-access
@@ -123,15 +124,7 @@ class SearchTask:
   # ---------------------------------------------------------------- retrieval
   def embed(self, queries: Sequence[str]) -> np.ndarray:
     """Query embeddings [n, d] from the shared encoder (cached by query text)."""
-    todo = sorted({q for q in queries if q not in self._emb_cache})
-    if todo:
-      if len(self._emb_cache) > 200_000:
-        self._emb_cache.clear()
-      for q, e in zip(todo, self.encoder.encode(todo, batch_size=64)):
-        self._emb_cache[q] = e
-    if not queries:
-      return np.zeros((0, self.encoder.dim), np.float32)
-    return np.stack([self._emb_cache[q] for q in queries])
+    return self._embed(queries)
 
   def retrieve(self, queries: Sequence[str], k: int) -> list:
     """Per query a list of k `Hit`s."""
