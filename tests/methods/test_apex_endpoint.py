@@ -1,47 +1,18 @@
 """APEX's two endpoint commands against a local OpenAI-compatible server: the LLM rewrite of
 MuSiQue's symbolic steps (cached, bad replies fall back to the templates and are counted) and
 self-instructed executor trajectories (only correct ones kept, readable back for SFT)."""
-import http.server
-import json
-import threading
-
 import pytest
 
+from chat_server import serve
 from configs import apex_executor
 from rlrag_jax.methods.apex import executor, prompts, rewrite, self_instruct
 from rlrag_jax.methods.apex.task import ExecutorTask, gold_plan
 
 
-class _Chat(http.server.BaseHTTPRequestHandler):
-  respond = staticmethod(lambda body: "")
-  bodies = []
-
-  def do_POST(self):  # noqa: N802
-    body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-    _Chat.bodies.append(body)
-    content = _Chat.respond(body)
-    if content is None:
-      self.send_response(500)
-      self.end_headers()
-      return
-    out = json.dumps({"choices": [{"message": {"role": "assistant", "content": content}}]})
-    self.send_response(200)
-    self.send_header("Content-Type", "application/json")
-    self.end_headers()
-    self.wfile.write(out.encode())
-
-  def log_message(self, *a):
-    pass
-
-
 @pytest.fixture
 def chat():
-  srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Chat)
-  srv.daemon_threads = True
-  threading.Thread(target=srv.serve_forever, daemon=True).start()
-  _Chat.bodies.clear()
-  yield f"http://127.0.0.1:{srv.server_address[1]}/v1"
-  srv.shutdown()
+  with serve(lambda body: "") as server:
+    yield server
 
 
 def test_llm_rewrite_caches_and_falls_back(chat, tmp_path):
@@ -49,9 +20,9 @@ def test_llm_rewrite_caches_and_falls_back(chat, tmp_path):
              "#1 >> country": "Which country is #1 in?",
              "#2 >> spouse": "Who is the spouse of the person?",       # lost its #2: rejected
              "Rome >> mayor": "Rome's mayor?\nAlso: ..."}               # two lines: rejected
-  _Chat.respond = staticmethod(lambda body: replies.get(
-      body["messages"][0]["content"].rsplit("Step: ", 1)[1], None))
-  llm = rewrite.LLMRewriter(chat, "m", tmp_path / "cache.json", timeout=5)
+  chat.respond = lambda body: replies.get(
+      body["messages"][0]["content"].rsplit("Step: ", 1)[1], None)
+  llm = rewrite.LLMRewriter(chat.url, "m", tmp_path / "cache.json", timeout=5)
   steps = ["Anna Bell >> place of birth", "#1 >> country", "#2 >> spouse", "Rome >> mayor",
            "Who wrote Ulysses?", "Paris >> twin town"]          # the last: a 500 from the server
   out, counts = rewrite.rewrite_plan(steps, llm)
@@ -60,14 +31,14 @@ def test_llm_rewrite_caches_and_falls_back(chat, tmp_path):
   assert out[4] == "Who wrote Ulysses?"
   assert counts == {"llm": 2, "llm_failed": 3, "natural": 1}
   # natural steps ask nothing; the 500 is retried twice (judge.chat_completion)
-  assert llm.failures == 3 and len(_Chat.bodies) == 4 + 3
+  assert llm.failures == 3 and len(chat.bodies) == 4 + 3
   llm.save()
-  again = rewrite.LLMRewriter(chat, "m", tmp_path / "cache.json", timeout=5)
+  again = rewrite.LLMRewriter(chat.url, "m", tmp_path / "cache.json", timeout=5)
   assert again(steps[0]) == ("Where was Anna Bell born?", "llm")
-  assert len(_Chat.bodies) == 7                                  # answered from the cache
+  assert len(chat.bodies) == 7                                   # answered from the cache
   (tmp_path / "bad.json").write_text("{")
   with pytest.raises(ValueError, match="bad.json"):
-    rewrite.LLMRewriter(chat, "m", tmp_path / "bad.json")
+    rewrite.LLMRewriter(chat.url, "m", tmp_path / "bad.json")
 
 
 @pytest.fixture(scope="module")
@@ -103,8 +74,8 @@ def test_self_instruct_keeps_correct_trajectories_and_sft_reads_them(chat, task,
       return final.get(question, "nobody")
     # resolved sub-questions differ from the plan's #k text: match on the answer table
     return next((a for q, a in sub.items() if q.split("#")[0] in question), "?")
-  _Chat.respond = staticmethod(respond)
-  model = self_instruct.EndpointModel(chat, "m", workers=4, timeout=5)
+  chat.respond = respond
+  model = self_instruct.EndpointModel(chat.url, "m", workers=4, timeout=5)
   res = self_instruct.generate_trajectories(task, model, tmp_path / "t.jsonl", max_examples=3,
                                             batch=2)
   assert res["tried"] == 3 and res["kept"] == 2 and res["failed_requests"] == 0

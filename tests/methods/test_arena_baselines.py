@@ -1,11 +1,10 @@
 """ARENA's SFT baselines: the Table 7 teacher-trace builder (against a local stub endpoint) and
 the SFT-direct / SFT-reasoning targets."""
-import http.server
 import json
-import threading
 
 import pytest
 
+from chat_server import serve
 from configs import arena as arena_config
 from rlrag_jax import judge
 from rlrag_jax.methods import arena
@@ -13,35 +12,18 @@ from rlrag_jax.methods.arena import task as arena_task
 from rlrag_jax.methods.arena import teacher_traces as tt
 
 
-class _Teacher(http.server.BaseHTTPRequestHandler):
+def _teacher(body):
   """Replies with a trace naming the question's answer; fails for questions containing 'FAIL'."""
-  seen = []
-
-  def do_POST(self):  # noqa: N802
-    body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-    prompt = body["messages"][0]["content"]
-    _Teacher.seen.append(prompt)
-    if "FAIL" in prompt:
-      self.send_response(500)
-      self.end_headers()
-      return
-    answer = prompt.rsplit("Answer: ", 1)[1]
-    out = json.dumps({"choices": [{"message": {"content": f" So the answer is {answer}. "}}]})
-    self.send_response(200)
-    self.send_header("Content-Type", "application/json")
-    self.end_headers()
-    self.wfile.write(out.encode())
-
-  def log_message(self, *a):
-    pass
+  prompt = body["messages"][0]["content"]
+  if "FAIL" in prompt:
+    return None
+  return f" So the answer is {prompt.rsplit('Answer: ', 1)[1]}. "
 
 
 @pytest.fixture
-def teacher_url():
-  server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Teacher)
-  threading.Thread(target=server.serve_forever, daemon=True).start()
-  yield f"http://127.0.0.1:{server.server_address[1]}/v1/chat/completions"
-  server.shutdown()
+def teacher():
+  with serve(_teacher) as server:
+    yield server
 
 
 def _tiny_world_config(tmp_path, **sft):
@@ -54,8 +36,7 @@ def _tiny_world_config(tmp_path, **sft):
   return c
 
 
-def test_teacher_prompt_is_table7_and_the_builder_resumes_and_counts_skips(tmp_path,
-                                                                          teacher_url):
+def test_teacher_prompt_is_table7_and_the_builder_resumes_and_counts_skips(tmp_path, teacher):
   c = _tiny_world_config(tmp_path)
   examples = arena_task.ArenaTask(c).train[:4]
   ex = examples[0]
@@ -68,17 +49,18 @@ def test_teacher_prompt_is_table7_and_the_builder_resumes_and_counts_skips(tmp_p
   failing = examples[3].__class__(**{**examples[3].__dict__,
                                      "question": examples[3].question + " FAIL"})
   ask = lambda prompt: judge.chat_completion(
-      teacher_url, {"model": "t", "messages": [{"role": "user", "content": prompt}]},
+      teacher.url + "/chat/completions",
+      {"model": "t", "messages": [{"role": "user", "content": prompt}]},
       retries=0)
   out = tmp_path / "traces.jsonl"
   counts = tt.build(examples[:3] + [failing], ask, out, progress=False)
   assert counts == {"asked": 4, "written": 3, "skipped": 1, "already": 0}
   traces = tt.read_traces(out)
   assert traces[str(ex.id)] == f"So the answer is {ex.answers[0]}."
-  _Teacher.seen.clear()
+  teacher.bodies.clear()
   again = tt.build(examples[:3] + [failing], ask, out, progress=False)   # resumes
   assert again == {"asked": 1, "written": 0, "skipped": 1, "already": 3}
-  assert len(_Teacher.seen) == 1
+  assert len(teacher.bodies) == 1
   out.write_text(out.read_text() + "{not json\n")
   with pytest.raises(ValueError, match=r"traces.jsonl:4: expected a JSON object"):
     tt.read_traces(out)
