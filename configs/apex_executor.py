@@ -78,9 +78,9 @@ def get_config(arg: str = ""):
     c.data.world = config_base.world_config(**config_base.SMALL_WORLD)
     c.data.prompt_style = "compact"
     c.data.max_eval = 200
-    # ~8 minutes on 2 cores. Batches mix the roles (sft.group_by_length stays off: length-
-    # sorted batches are nearly one role each, and a 500-step trial with them learned no
-    # sub-answer extraction at all).
+    # 9.8 min alone on 2 cores (10.2 with process start-up). Batches mix the roles
+    # (sft.group_by_length stays off: length-sorted batches are nearly one role each, and a
+    # 500-step trial with them learned no sub-answer extraction at all).
     c.sft.steps = 1000
     c.sft.batch_size = 32
     c.sft.lr = 3e-3

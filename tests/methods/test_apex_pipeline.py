@@ -75,6 +75,13 @@ def test_pipeline_writes_every_cell_and_traces(runs):
     assert label in report
   assert "n/a" in report                            # exec SFT off without --executor_base
   assert json.loads((out / "summary.json").read_text())["cells"] == result["cells"]
+  # the Table 2 switches one at a time
+  some = pipeline.run_pipeline(str(root / "planner"), str(root / "executor"), root / "some",
+                               num_examples=2, cells=("no_planning", "plan_sft"))
+  assert set(some["cells"]) == {"no_planning/exec_sft_on", "plan_sft/exec_sft_on"}
+  with pytest.raises(ValueError, match="unknown"):
+    pipeline.run_pipeline(str(root / "planner"), str(root / "executor"), root / "x",
+                          cells=("plan_sft", "magic"))
 
 
 def test_aggregate_pairs_questions_over_seeds(runs, tmp_path):

@@ -32,7 +32,7 @@ import logging
 import os
 import pathlib
 import sys
-from typing import Optional
+from typing import Optional, Sequence
 
 import numpy as np
 from absl import app, flags
@@ -55,6 +55,9 @@ _DATA = flags.DEFINE_string("data", "", "evaluation data instead of the executor
                             "comma-separated 'name:split' specs read from RLRAG_DATA_DIR")
 _N = flags.DEFINE_integer("num_examples", 200, "held-out questions per cell")
 _OUT = flags.DEFINE_string("out", None, "output folder")
+_CELLS = flags.DEFINE_list("cells", list(CELLS), "the Table 2 cells to evaluate (the paper's "
+                           "switches: planning on/off = plan_* / no_planning, planner RL on/off "
+                           "= plan_rl / plan_sft; exec SFT off with --executor_base)")
 _AGG = flags.DEFINE_string("aggregate", "", "comma-separated pipeline output folders (one per "
                            "seed) to summarise instead of running")
 
@@ -182,8 +185,13 @@ def score_cell(task, examples, traces, plan_info=None, scorer=None) -> tuple:
 
 def run_pipeline(planner: str, executor: str, out, *, executor_base: str = "",
                  planner_sft_step: Optional[int] = None, config_file: str = "", data: str = "",
-                 num_examples: int = 200) -> dict:
-  """Every cell for the first `num_examples` held-out questions; writes the report."""
+                 num_examples: int = 200, cells: Sequence[str] = CELLS) -> dict:
+  """The `cells` (default all) for the first `num_examples` held-out questions; writes the
+  report."""
+  wanted = tuple(cells)
+  unknown = set(wanted) - set(CELLS)
+  if unknown:
+    raise ValueError(f"--cells: unknown {sorted(unknown)}; expected some of {list(CELLS)}")
   from rlrag_jax.methods.apex import sepr
   from rlrag_jax.methods.apex.task import gold_plan
   from rlrag_jax.trainer import load_trained
@@ -199,11 +207,14 @@ def run_pipeline(planner: str, executor: str, out, *, executor_base: str = "",
   scorer = sepr.SEPRScorer(task.encoder, float(pc.apex.sepr_threshold))
   plan_sets = {"no_planning": {"plans": [[q] for q in questions]},
                "gold_plan": {"plans": [gold_plan(ex) for ex in examples]}}
-  try:
-    plan_sets["plan_sft"] = make_plans(planner, sft_step, questions)
-  except (FileNotFoundError, ValueError, KeyError) as e:
-    log.warning("plan_sft: no planner checkpoint at step %d (%s); the cell is n/a", sft_step, e)
-  plan_sets["plan_rl"] = make_plans(planner, None, questions)
+  if "plan_sft" in wanted:
+    try:
+      plan_sets["plan_sft"] = make_plans(planner, sft_step, questions)
+    except (FileNotFoundError, ValueError, KeyError) as e:
+      log.warning("plan_sft: no planner checkpoint at step %d (%s); the cell is n/a", sft_step,
+                  e)
+  if "plan_rl" in wanted:
+    plan_sets["plan_rl"] = make_plans(planner, None, questions)
 
   executors = {"on": executor}
   if executor_base:
@@ -217,7 +228,7 @@ def run_pipeline(planner: str, executor: str, out, *, executor_base: str = "",
       base_task = executor_task(path, out, like=task.config)
     else:
       base_task = task
-    for cell in CELLS:
+    for cell in [c for c in CELLS if c in wanted]:
       name = f"{cell}/exec_sft_{sft}"
       if cell == "naive_rag":
         traces = base_task.naive_rag(policy, examples)
@@ -356,7 +367,7 @@ def main(argv) -> int:
     result = run_pipeline(_PLANNER.value, _EXECUTOR.value, _OUT.value,
                           executor_base=_EXEC_BASE.value, planner_sft_step=_SFT_STEP.value,
                           config_file=_CONFIG.value, data=_DATA.value,
-                          num_examples=_N.value)
+                          num_examples=_N.value, cells=_CELLS.value)
   except FileNotFoundError as e:
     print(f"pipeline: {e}", file=sys.stderr)
     return 2
