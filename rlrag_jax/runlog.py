@@ -110,3 +110,19 @@ def _fmt(v) -> str:
   if isinstance(v, float):
     return f"{v:.3f}"
   return str(v)
+
+
+def cli_logging() -> None:
+  """Command-line logging: our loggers at INFO with timestamps on stderr, absl's (Orbax logs
+  every save and restore at INFO) at WARNING."""
+  import logging
+  from absl import logging as absl_logging
+  absl_logging.set_verbosity(absl_logging.WARNING)
+  ours = logging.getLogger("rlrag_jax")
+  if not any(getattr(h, "_rlrag_cli", False) for h in ours.handlers):
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s: %(message)s", "%H:%M:%S"))
+    handler._rlrag_cli = True       # pylint: disable=protected-access
+    ours.addHandler(handler)
+  ours.setLevel(logging.INFO)
+  ours.propagate = False

@@ -5,10 +5,8 @@ Overrides use ml_collections syntax, e.g. `--config.rl.kl_estimator=k3 --config.
 """
 from __future__ import annotations
 
-import logging
 
 from absl import app, flags
-from absl import logging as absl_logging
 from ml_collections import config_flags
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "configs/<method>.py[:preset]")
@@ -19,13 +17,8 @@ _QUIET = flags.DEFINE_bool("quiet", False, "no progress bars")
 
 def main(argv):
   del argv
-  absl_logging.set_verbosity(absl_logging.WARNING)     # Orbax logs every save at INFO
-  handler = logging.StreamHandler()
-  handler.setFormatter(logging.Formatter("%(asctime)s %(name)s: %(message)s", "%H:%M:%S"))
-  ours = logging.getLogger("rlrag_jax")
-  ours.addHandler(handler)
-  ours.setLevel(logging.INFO)
-  ours.propagate = False
+  from rlrag_jax import runlog
+  runlog.cli_logging()
   config = _CONFIG.value
   if config is None:
     raise app.UsageError("--config is required, e.g. --config=configs/arena.py")

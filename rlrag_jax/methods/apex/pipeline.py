@@ -346,14 +346,8 @@ def _plot(runs, path) -> None:
 
 def main(argv) -> int:
   del argv
-  from absl import logging as absl_logging
-  absl_logging.set_verbosity(absl_logging.WARNING)      # Orbax logs every restore at INFO
-  handler = logging.StreamHandler()
-  handler.setFormatter(logging.Formatter("%(asctime)s %(name)s: %(message)s", "%H:%M:%S"))
-  ours = logging.getLogger("rlrag_jax")
-  ours.addHandler(handler)
-  ours.setLevel(logging.INFO)
-  ours.propagate = False
+  from rlrag_jax import runlog
+  runlog.cli_logging()
   if not _OUT.value:
     print("pipeline: --out is required", file=sys.stderr)
     return 2
