@@ -43,23 +43,29 @@ CELLS = ("naive_rag", "no_planning", "plan_sft", "plan_rl", "gold_plan")
 LABELS = {"naive_rag": "naive RAG", "no_planning": "no planning", "plan_sft": "plan w/o RL",
           "plan_rl": "plan with RL", "gold_plan": "gold plan (bound)"}
 
-_PLANNER = flags.DEFINE_string("planner", None, "planner training run directory")
-_EXECUTOR = flags.DEFINE_string("executor", None, "executor run directory or HF checkpoint")
-_EXEC_BASE = flags.DEFINE_string("executor_base", "", "an untrained (instruct) checkpoint for "
-                                 "the 'exec SFT off' cells; '' = n/a")
-_SFT_STEP = flags.DEFINE_integer("planner_sft_step", None, "the planner's SFT-end checkpoint "
-                                 "step (default: its config's sft.steps)")
-_CONFIG = flags.DEFINE_string("config", "", "configs/apex_executor.py[:preset] when --executor "
-                              "is not a training run (default: the run's own config)")
-_DATA = flags.DEFINE_string("data", "", "evaluation data instead of the executor run's: "
-                            "comma-separated 'name:split' specs read from RLRAG_DATA_DIR")
-_N = flags.DEFINE_integer("num_examples", 200, "held-out questions per cell")
-_OUT = flags.DEFINE_string("out", None, "output folder")
-_CELLS = flags.DEFINE_list("cells", list(CELLS), "the Table 2 cells to evaluate (the paper's "
-                           "switches: planning on/off = plan_* / no_planning, planner RL on/off "
-                           "= plan_rl / plan_sft; exec SFT off with --executor_base)")
-_AGG = flags.DEFINE_string("aggregate", "", "comma-separated pipeline output folders (one per "
-                           "seed) to summarise instead of running")
+# Command-line flags are defined in define_flags(), only when this module runs as a command,
+# so that importing it (tests, other commands) defines no absl flag twice.
+
+
+def define_flags() -> None:
+  global _PLANNER, _EXECUTOR, _EXEC_BASE, _SFT_STEP, _CONFIG, _DATA, _N, _OUT, _CELLS, _AGG
+  _PLANNER = flags.DEFINE_string("planner", None, "planner training run directory")
+  _EXECUTOR = flags.DEFINE_string("executor", None, "executor run directory or HF checkpoint")
+  _EXEC_BASE = flags.DEFINE_string("executor_base", "", "an untrained (instruct) checkpoint for "
+                                   "the 'exec SFT off' cells; '' = n/a")
+  _SFT_STEP = flags.DEFINE_integer("planner_sft_step", None, "the planner's SFT-end checkpoint "
+                                   "step (default: its config's sft.steps)")
+  _CONFIG = flags.DEFINE_string("config", "", "configs/apex_executor.py[:preset] when --executor "
+                                "is not a training run (default: the run's own config)")
+  _DATA = flags.DEFINE_string("data", "", "evaluation data instead of the executor run's: "
+                              "comma-separated 'name:split' specs read from RLRAG_DATA_DIR")
+  _N = flags.DEFINE_integer("num_examples", 200, "held-out questions per cell")
+  _OUT = flags.DEFINE_string("out", None, "output folder")
+  _CELLS = flags.DEFINE_list("cells", list(CELLS), "the Table 2 cells to evaluate (the paper's "
+                             "switches: planning on/off = plan_* / no_planning, planner RL on/off "
+                             "= plan_rl / plan_sft; exec SFT off with --executor_base)")
+  _AGG = flags.DEFINE_string("aggregate", "", "comma-separated pipeline output folders (one per "
+                             "seed) to summarise instead of running")
 
 
 # ------------------------------------------------------------------------------ loading
@@ -371,4 +377,5 @@ def main(argv) -> int:
 
 if __name__ == "__main__":
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+  define_flags()
   app.run(lambda argv: sys.exit(main(argv)))

@@ -25,14 +25,17 @@ import sys
 from absl import app, flags
 from ml_collections import config_flags
 
-_CONFIG = config_flags.DEFINE_config_file("config", "configs/apex_executor.py",
-                                          "configs/apex_executor.py[:preset]")
-_URL = flags.DEFINE_string("url", None, "OpenAI-compatible endpoint base URL (…/v1)")
-_MODEL = flags.DEFINE_string("model", "", "the endpoint's model name")
-_OUT = flags.DEFINE_string("out", None, "output JSONL")
-_WORKERS = flags.DEFINE_integer("workers", 8, "concurrent requests")
-_MAX = flags.DEFINE_integer("max_examples", 0, "training questions to try (0: all)")
-_BATCH = flags.DEFINE_integer("batch", 64, "questions executed side by side")
+def define_flags() -> None:
+  """The command's flags (defined only when run as a command: importing defines none)."""
+  global _CONFIG, _URL, _MODEL, _OUT, _WORKERS, _MAX, _BATCH
+  _CONFIG = config_flags.DEFINE_config_file("config", "configs/apex_executor.py",
+                                            "configs/apex_executor.py[:preset]")
+  _URL = flags.DEFINE_string("url", None, "OpenAI-compatible endpoint base URL (…/v1)")
+  _MODEL = flags.DEFINE_string("model", "", "the endpoint's model name")
+  _OUT = flags.DEFINE_string("out", None, "output JSONL")
+  _WORKERS = flags.DEFINE_integer("workers", 8, "concurrent requests")
+  _MAX = flags.DEFINE_integer("max_examples", 0, "training questions to try (0: all)")
+  _BATCH = flags.DEFINE_integer("batch", 64, "questions executed side by side")
 
 
 class EndpointModel:
@@ -139,4 +142,5 @@ def main(argv) -> int:
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(lambda argv: sys.exit(main(argv)))
