@@ -101,7 +101,7 @@ def executor_task(executor: str, out: pathlib.Path, config_file: str = "", data:
   'exec SFT off' checkpoint runs with the trained executor's prompts and data)."""
   import copy
   from rlrag_jax.methods.apex.task import ExecutorTask
-  c = copy.deepcopy(like) if like is not None else _run_config(executor, config_file)
+  c = copy.deepcopy(like.config) if like is not None else _run_config(executor, config_file)
   c.sft.steps = 0
   c.rl.steps = 0
   if (pathlib.Path(executor) / "model").is_dir():
@@ -119,7 +119,12 @@ def executor_task(executor: str, out: pathlib.Path, config_file: str = "", data:
     c.data.max_eval = int(num_examples)             # the corpus: these examples' contexts
     c.retrieval.corpus = ""
     c.retrieval.cache_dir = str(out / "retriever")
-  return ExecutorTask(c)
+  if like is None:
+    return ExecutorTask(c)
+  # the same corpus and encoder: reuse the index `like` built instead of encoding it again
+  lc = like.config.retrieval
+  c.retrieval.cache_dir = str(lc.cache_dir or pathlib.Path(like.config.workdir) / "retriever")
+  return ExecutorTask(c, encoder=like.encoder)
 
 
 # ------------------------------------------------------------------------------ planning
@@ -225,13 +230,13 @@ def run_pipeline(planner: str, executor: str, out, *, executor_base: str = "",
   executors = {"on": executor}
   if executor_base:
     executors["off"] = executor_base
-  cells, per_question = {}, {}
+  results, per_question = {}, {}
   for sft, path in executors.items():
     ecfg = task.config
     lm = load_trained(path)
     policy = _policy(lm, int(ecfg.eval.max_new_tokens))
     if sft == "off":
-      base_task = executor_task(path, out, like=task.config)
+      base_task = executor_task(path, out, like=task)
     else:
       base_task = task
     for cell in [c for c in CELLS if c in wanted]:
@@ -248,7 +253,7 @@ def run_pipeline(planner: str, executor: str, out, *, executor_base: str = "",
         continue
       summary, rows = score_cell(base_task, examples, traces, info,
                                  scorer if info is not None else None)
-      cells[name] = summary
+      results[name] = summary
       per_question[name] = [r["em"] for r in rows]
       with open(out / "traces" / f"{cell}.exec_sft_{sft}.jsonl", "w") as f:
         for r in rows:
@@ -257,7 +262,7 @@ def run_pipeline(planner: str, executor: str, out, *, executor_base: str = "",
                summary["n"])
   result = {"planner": str(planner), "executor": str(executor), "executor_base": executor_base,
             "planner_sft_step": sft_step, "data": data or "executor run's held-out split",
-            "cells": cells, "per_question_em": per_question,
+            "cells": results, "per_question_em": per_question,
             "ids": [ex.id for ex in examples]}
   (out / "summary.json").write_text(json.dumps(result, indent=2))
   (out / "apex_report.txt").write_text(format_report(result))
