@@ -130,3 +130,23 @@ def use_hf_model(c: ml_collections.ConfigDict, *, remat: bool = True,
   c.model.attention_block = attention_block
   c.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=-1, tensor=1))
   c.sft.steps = 0
+
+
+def load_config_file(spec: str) -> ml_collections.ConfigDict:
+  """`path/to/config.py[:preset]` -> the ConfigDict its `get_config(preset)` returns.
+
+  A relative path resolves against the working directory, then the repository root.
+  """
+  import importlib.util
+  import pathlib
+  path_s, _, preset = str(spec).partition(":")
+  path = pathlib.Path(path_s).expanduser()
+  root = pathlib.Path(__file__).resolve().parents[1]
+  if not path.is_absolute() and not path.exists():
+    path = root / path
+  if not path.is_file():
+    raise FileNotFoundError(f"config {spec!r}: no file at {path_s} (nor under {root})")
+  mod_spec = importlib.util.spec_from_file_location(f"_config_{path.stem}", path)
+  mod = importlib.util.module_from_spec(mod_spec)
+  mod_spec.loader.exec_module(mod)
+  return mod.get_config(preset)

@@ -47,21 +47,9 @@ REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 # ------------------------------------------------------------------------------------ config
 def load_config(spec: str):
-  """`path/to/config.py[:preset]` -> ConfigDict from its `get_config(preset)`.
-
-  Relative paths resolve against the working directory, then the repository root.
-  """
-  import importlib.util
-  path_s, _, preset = spec.partition(":")
-  path = pathlib.Path(path_s)
-  if not path.is_absolute() and not path.exists():
-    path = REPO_ROOT / path
-  if not path.exists():
-    raise FileNotFoundError(f"--config {spec!r}: no file at {path_s} (nor under {REPO_ROOT})")
-  mod_spec = importlib.util.spec_from_file_location(f"_config_{path.stem}", path)
-  mod = importlib.util.module_from_spec(mod_spec)
-  mod_spec.loader.exec_module(mod)
-  return mod.get_config(preset)
+  """`path/to/config.py[:preset]` -> ConfigDict (config_base.load_config_file)."""
+  from rlrag_jax import config_base
+  return config_base.load_config_file(spec)
 
 
 def _cast(old, text: str, key: str):

@@ -78,12 +78,8 @@ def _run_config(path: str, fallback: str = ""):
   if not fallback:
     raise FileNotFoundError(f"{path}: no config.json (not a training run); pass "
                             "--config=configs/apex_executor.py[:preset]")
-  import importlib.util
-  file, _, arg = fallback.partition(":")
-  spec = importlib.util.spec_from_file_location("apex_cfg", file)
-  mod = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(mod)
-  return mod.get_config(arg)
+  from rlrag_jax import config_base
+  return config_base.load_config_file(fallback)
 
 
 def _policy(lm, max_new_tokens: int):

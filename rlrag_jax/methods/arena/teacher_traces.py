@@ -102,12 +102,8 @@ def main(argv=None) -> int:
 
 
 def _load_config(spec: str):
-  import importlib.util
-  path, _, arg = spec.partition(":")
-  module_spec = importlib.util.spec_from_file_location("arena_config", path)
-  module = importlib.util.module_from_spec(module_spec)
-  module_spec.loader.exec_module(module)
-  return module.get_config(arg)
+  from rlrag_jax import config_base
+  return config_base.load_config_file(spec)
 
 
 if __name__ == "__main__":
