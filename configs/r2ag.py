@@ -1,0 +1,137 @@
+"""R2AG: a retrieval-steering model expands a reasoning-augmented retrieval tree; Top-Survivor
+rewards; DAPO; progressive training over the RR-Forest (Algorithm 1).
+
+  python -m rlrag_jax.train --config=configs/r2ag.py             # CPU default, embedded world
+  python -m rlrag_jax.train --config=configs/r2ag.py:paper \\
+      --config.model.path=/path/to/Qwen3-8B --config.models.generator.path=/path/to/Qwen3-8B \\
+      --config.data.dir=/path/to/data
+
+Per expansion step the steering model writes <think>…</think>, base queries <base-Q>…</base-Q>
+and anticipatory predicted queries <predicted-Q>…</predicted-Q>, or "stop retrieval"; each query
+retrieves its top-1 document in training (rlrag_jax/methods/r2ag/). The reward of a step is
+R = α·R_MH + β·R_JH + γ·R_AP + R_f (rewards.py). Training walks the RR-Forest level by level
+(forest.py); the forest is checkpointed with the run. Evaluation expands a tree per held-out
+question (inference.py) and answers with the frozen generator `models.generator`; the CPU
+default trains that generator once with configs/r2ag_generator.py (`train_config`) and reuses it.
+`r2ag_report.txt` holds Recall, Full-Recall, @K, mAP, EM, F1, iterations and latency for
+single-step retrieval, R2AG top-1, base-only and top-2, before RL (the SFT warm-up, our stand-in
+for the paper's prompted R2AG-p) and after.
+
+Presets (`get_config(arg)`):
+  ''       a small model trained from scratch on the embedded world: a partial SFT warm-up on
+           oracle expansion steps, then DAPO over small forests.
+  'paper'  appendix B.2: group 12, prompt batch 128, lr 1e-6, clip 0.2 / 0.28, no KL, 4,096
+           output tokens, 5 iterations, k = 1, t = 4 base / 2 predicted, no SFT warm-up, no
+           refill of dropped groups; the real data (500 HotpotQA + 3,000 2Wiki + 1,174 MuSiQue).
+
+Differences from the paper, with the reason:
+  - The SFT warm-up is ours (the paper RL-trains Qwen3-8B directly): a from-scratch CPU model
+    cannot write the format without it. Its oracle (prompts.py) reads the gold decomposition;
+    its predicted queries use the gold answers (the oracle "knows" the next hop). It is kept
+    short (sft.steps) so that RL has room. `sft.steps=0` turns it off (':paper').
+  - Eq. 5 weights the terms (α 0.2, β 0.3, γ 0.2) and Algorithm 1 sums them unweighted:
+    r2ag.reward.weighting 'eq5' (default) or 'sum'.
+  - The format reward: 0.01 for a well-formed base-Q part and 0.01 for a well-formed
+    predicted-Q part after the <think> (the paper: "0.01 for each occurrence", at most 0.02).
+  - A gold document hit by several queries of one step counts once (rewards.py says how).
+  - The forest is bounded (config keys r2ag.forest.*): `size` questions per forest,
+    `max_children` continuations per expansion (most gold found first; rollouts that end at the
+    same context are one), `max_size` expansions per level. Algorithm 1 keeps every rollout's
+    tree; with G = 12 that fan-out is unbounded. A level's last batch is topped up with repeats
+    so every update has one shape. The trainer's rl.steps bounds training; a spent forest is
+    followed by a new one over the next questions.
+  - Zero-spread groups are dropped as in Algorithm 1 (their loss masks zeroed); r2ag.refill
+    draws replacements (on in the CPU default, where most early groups are flat; off in
+    ':paper').
+  - Evaluation: t limits the queries expanded per output (r2ag.eval.t_base; the paper's main
+    tables t = M/2 with M the dataset's maximum hops: 2 on the world); predicted queries per
+    output r2ag.eval.t_pred (the paper does not say; ours 1) join each base child (the
+    composite node). The paper samples at T 0.6, top-p 0.9 (':paper'); the CPU default is greedy.
+  - Iterations L_MAX-I = 5 in training and evaluation, as in the paper; the CPU forest stops at
+    r2ag.forest.max_iterations.
+"""
+import ml_collections
+
+from rlrag_jax import config_base
+
+
+def base_config() -> ml_collections.ConfigDict:
+  c = config_base.trainer_config("r2ag", "runs/r2ag")
+  c.r2ag = ml_collections.ConfigDict(dict(
+      role="steering",
+      train_top_k=1,                     # k in training (Top-Survivor: top-1)
+      passage_words=0,                   # evidence cut to this many words (0: whole)
+      oracle_predicted=True,             # the SFT oracle writes predicted queries
+      refill=False, refill_tries=2,
+      reward=ml_collections.ConfigDict(dict(
+          alpha=0.2, beta=0.3, gamma=0.2, ell=1.25, t_base=4, t_pred=2,
+          format_per_part=0.01, format_max=0.02, weighting="eq5")),
+      forest=ml_collections.ConfigDict(dict(size=32, max_iterations=5, max_children=2,
+                                            max_size=64)),
+      eval=ml_collections.ConfigDict(dict(
+          top_k=1, other_top_k=(2,), base_only=True, t_base=2, t_pred=1, max_iterations=5,
+          max_branches=8, temperature=0.0, top_p=1.0, sr_k=5, generator_max_docs=8,
+          answer_tokens=16))))
+  c.models.generator = ml_collections.ConfigDict(dict(
+      path="runs/r2ag_generator", train_config="configs/r2ag_generator.py"))
+  c.retrieval = ml_collections.ConfigDict(dict(
+      backend="exact", corpus="", encoder_path="", cache_dir=""))
+  # DAPO as Eq. 6: token-level clipped loss, clip-higher, no KL term.
+  c.rl.algo = "grpo"
+  c.rl.aggregation = "token_mean"
+  c.rl.clip_eps_low = 0.2
+  c.rl.clip_eps_high = 0.28
+  c.rl.kl_beta = 0.0
+  return c
+
+
+def get_config(arg: str = ""):
+  c = base_config()
+  if arg in ("", "default", "cpu"):
+    c.data.world = config_base.world_config(**config_base.SMALL_WORLD)
+    c.data.prompt_style = "compact"
+    c.r2ag.refill = True
+    c.r2ag.forest.size = 32
+    c.sft.steps = 150
+    c.sft.batch_size = 32
+    c.sft.lr = 3e-3
+    c.sft.max_len = 512
+    c.sft.pack_bucket = 64
+    c.rl.steps = 60
+    c.rl.prompts_per_step = 8
+    c.rl.group_size = 8
+    c.rl.lr = 1e-4
+    c.rl.temperature = 1.0
+    c.rl.max_new_tokens = 80
+    c.rl.pack_bucket = 64
+    c.eval.max_new_tokens = 80
+    c.eval.num_examples = 200
+    c.checkpoint.every = 30
+    c.export_hf = False
+  elif arg == "paper":
+    config_base.use_hf_model(c)
+    c.models.generator = ml_collections.ConfigDict(dict(path=""))
+    c.data.prompt_style = "paper"
+    c.data.mix = ("hotpotqa:train", "2wiki:train", "musique:train")
+    c.data.eval_mix = ("hotpotqa:dev", "2wiki:dev", "musique:dev")
+    c.data.max_eval = 1000
+    c.retrieval.backend = "scann"
+    c.r2ag.forest.size = 4674          # 500 HotpotQA + 3,000 2Wiki + 1,174 MuSiQue
+    c.r2ag.forest.max_size = 4674 * 2
+    c.r2ag.eval.temperature = 0.6
+    c.r2ag.eval.top_p = 0.9
+    c.sft.steps = 0
+    c.rl.steps = 80                    # "converges within approximately 80 steps"
+    c.rl.prompts_per_step = 128
+    c.rl.group_size = 12
+    c.rl.micro_batches = 64
+    c.rl.lr = 1e-6
+    c.rl.lr_schedule = "constant"
+    c.rl.temperature = 1.0
+    c.rl.max_new_tokens = 4096
+    c.eval.max_new_tokens = 4096
+    c.eval.num_examples = 1000
+    c.checkpoint.every = 10
+  else:
+    raise ValueError(f"configs/r2ag.py: unknown preset {arg!r}; expected '' or 'paper'")
+  return c

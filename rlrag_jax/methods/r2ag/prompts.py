@@ -1,0 +1,158 @@
+"""The steering model's prompt and the oracle that writes its SFT targets on the embedded world.
+
+The 'paper' prompt is appendix G.1's decomposition instruction (base questions for the current
+hop, predicted next-hop questions from the model's own knowledge, "stop retrieval" / "none").
+The 'compact' prompt of the small from-scratch CPU model is the question, the evidence and a cue.
+
+The oracle (the SFT warm-up, ours: the paper has none) reads the gold decomposition. At a context
+(the gold documents found so far) a decomposition step is done when its gold documents are all
+in the context and ready when it is not done and every step it references ('#k') is done. The
+oracle's base queries are the ready steps with their references filled in; its predicted
+queries are, for each ready step, the next step that needs only it, filled in with the ready
+step's answer (the oracle "knows" it); stop once every gold document is in the context. Its
+<think> names the answers found so far.
+"""
+from __future__ import annotations
+
+import re
+from typing import Sequence
+
+from rlrag_jax.methods.r2ag import parsing
+
+INSTRUCTION = (
+    "Task: You will be provided with a user question and evidences that may help to answer the "
+    "question. Decompose the complex user question into single-hop retrievable sub-questions "
+    "following these rules:\n"
+    "1. Base Questions (<base-Q>): decompose the current-hop question from the user question, "
+    "taking the evidences for reference (if the question is \"A -> B -> C\" and the evidences "
+    "cover \"A\", ask for \"B\"; do not repeat questions the evidences already answer). Each "
+    "must target a single fact (who, when, where, ...). If the evidences already answer the user "
+    "question, write \"stop retrieval\" as the base question.\n"
+    "2. Predicted Questions (<predicted-Q>): forecast next-hop questions from the base questions, "
+    "only if you know the answer to a base question. Otherwise, or if the evidences already "
+    "answer the user question, write \"none\".\n"
+    "Keep your thinking brief. Wrap the reasoning in <think></think>, each base question (or "
+    "\"stop retrieval\") in <base-Q></base-Q>, each predicted question (or \"none\") in "
+    "<predicted-Q></predicted-Q>.")
+CUE = "Steps:\n"
+_REF = re.compile(r"#(\d+)")
+
+
+def evidence_text(docs: Sequence[tuple], passage_words: int = 0) -> str:
+  """docs: (title, text) pairs -> numbered evidence lines (text cut to `passage_words`)."""
+  lines = []
+  for i, (title, text) in enumerate(docs, 1):
+    words = text.split()
+    if passage_words and len(words) > passage_words:
+      text = " ".join(words[:passage_words])
+    lines.append(f"[{i}] {title}: {text}")
+  return "\n".join(lines) if lines else "(none)"
+
+
+def user_text(question: str, docs: Sequence[tuple], passage_words: int = 0) -> str:
+  return f"Question: {question}\nEvidences:\n{evidence_text(docs, passage_words)}"
+
+
+def prompt_text(question: str, docs: Sequence[tuple], style: str,
+                passage_words: int = 0) -> str:
+  body = user_text(question, docs, passage_words)
+  if style == "compact":
+    return f"{body}\n{CUE}"
+  return f"{INSTRUCTION}\n\n{body}\n{CUE}"
+
+
+# ------------------------------------------------------------------------------ the oracle
+def _refs(question: str) -> set:
+  return {int(k) for k in _REF.findall(question)}
+
+
+def _fill(question: str, answers: Sequence[str]) -> str:
+  return _REF.sub(lambda m: answers[int(m.group(1)) - 1]
+                  if 0 < int(m.group(1)) <= len(answers) else m.group(0), question)
+
+
+def oracle_step(decomposition: Sequence, gold: Sequence[str], context: Sequence[str],
+                predicted: bool = True) -> str:
+  """The oracle's output at `context` (gold ids found so far)."""
+  ctx = set(context)
+  answers = [s.answer for s in decomposition]
+  done = [bool(s.gold_ids) and set(s.gold_ids) <= ctx for s in decomposition]
+  # A step without gold documents (a comparison) is done once what it references is.
+  for i, s in enumerate(decomposition):
+    if not s.gold_ids:
+      done[i] = all(0 < r <= len(done) and done[r - 1] for r in _refs(s.question))
+  known = [answers[i] for i, d in enumerate(done) if d and decomposition[i].gold_ids]
+  think = "known: " + "; ".join(known) if known else "nothing known yet"
+  if set(gold) <= ctx:
+    return parsing.render(think, (), stop=True)
+  ready = [i for i, s in enumerate(decomposition)
+           if s.gold_ids and not done[i]
+           and all(0 < r <= len(done) and done[r - 1] for r in _refs(s.question))]
+  base = [_fill(decomposition[i].question, answers) for i in ready]
+  preds = []
+  if predicted:
+    for i in ready:
+      for j, s in enumerate(decomposition):
+        if j > i and s.gold_ids and not done[j] and (i + 1) in _refs(s.question) and all(
+            r == i + 1 or (0 < r <= len(done) and done[r - 1]) for r in _refs(s.question)):
+          preds.append(_fill(s.question, answers))
+          break
+  return parsing.render(think, base, preds)
+
+
+def oracle_contexts(decomposition: Sequence, gold: Sequence[str]) -> list:
+  """The contexts along the oracle's base-only chain: empty, then after each round of ready
+  steps, up to the full gold set (where the oracle stops)."""
+  gold = list(gold)
+  ctx, out = [], [()]
+  for _ in range(len(decomposition) + 1):
+    if set(gold) <= set(ctx):
+      break
+    done = {d for d in ctx}
+    new = []
+    for i, s in enumerate(decomposition):
+      if not s.gold_ids or set(s.gold_ids) <= done:
+        continue
+      refs = _refs(s.question)
+      if all(0 < r <= len(decomposition) and set(decomposition[r - 1].gold_ids) <= done
+             for r in refs):
+        new += [g for g in s.gold_ids if g not in done and g not in new]
+    if not new:
+      break
+    ctx = ctx + new
+    out.append(tuple(g for g in gold if g in set(ctx)))
+  return out
+
+
+# ------------------------------------------------------------------------------ the generator
+GENERATOR_INSTRUCTION = ("Answer the question from the documents. Reply with the answer only: "
+                         "a name, a year, a place or yes/no.")
+ANSWER_CUE = "Answer:"
+
+
+def generator_text(question: str, docs: Sequence[tuple], style: str,
+                   passage_words: int = 0) -> str:
+  body = f"Documents:\n{evidence_text(docs, passage_words)}\nQuestion: {question}\n{ANSWER_CUE}"
+  return body if style == "compact" else f"{GENERATOR_INSTRUCTION}\n\n{body}"
+
+
+def generator_ids(tokenizer, question: str, docs: Sequence[tuple], style: str, use_chat: bool,
+                  passage_words: int = 0) -> list:
+  if use_chat:
+    from rlrag_jax.models import encode_prompt
+    return encode_prompt(tokenizer, [
+        {"role": "system", "content": GENERATOR_INSTRUCTION},
+        {"role": "user", "content": generator_text(question, docs, "compact", passage_words)}])
+  return tokenizer(generator_text(question, docs, style, passage_words),
+                   add_special_tokens=False)["input_ids"]
+
+
+def steering_ids(tokenizer, question: str, docs: Sequence[tuple], style: str, use_chat: bool,
+                 passage_words: int = 0) -> list:
+  if use_chat:
+    from rlrag_jax.models import encode_prompt
+    return encode_prompt(tokenizer, [
+        {"role": "system", "content": INSTRUCTION},
+        {"role": "user", "content": user_text(question, docs, passage_words)}])
+  return tokenizer(prompt_text(question, docs, style, passage_words),
+                   add_special_tokens=False)["input_ids"]

@@ -1,0 +1,493 @@
+"""R2AG glue for the shared trainer. `r2ag.role` picks the model being trained:
+
+  steering   the retrieval-steering model: an optional SFT warm-up on oracle expansion steps
+             (prompts.oracle_step), then DAPO over the RR-Forest (forest.py): each RL step expands
+             `rl.prompts_per_step` trees of the current forest level with `rl.group_size`
+             rollouts, every query retrieving its top-1 document, rewarded per step by
+             Top-Survivor (rewards.py). Evaluated by expanding a retrieval tree per held-out
+             question (inference.py) and answering from its documents with the frozen generator
+             (config `models.generator`): retrieval and QA metrics for the main setting and the
+             variants (base queries only, top-2, single-step retrieval).
+  generator  the frozen generator of the CPU default: SFT on (documents, question) -> answer,
+             the documents being the gold ones among retrieved distractors.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import pathlib
+import random
+import time
+from typing import Sequence
+
+import numpy as np
+
+from rlrag_jax import metrics
+from rlrag_jax.data import sources
+from rlrag_jax.methods.r2ag import forest as forest_lib
+from rlrag_jax.methods.r2ag import inference, parsing, prompts, rewards
+from rlrag_jax.retrieval import from_config
+from rlrag_jax.retrieval.query_cache import QueryEmbeddings
+from rlrag_jax.rollout.batch import geometric_round
+from rlrag_jax.rollout.single_turn import completion_ids, decode_keeping_tags
+from rlrag_jax.tasks import Episode
+
+ROLES = ("steering", "generator")
+SPECIAL_TOKENS = ("<think>", "</think>", "<base-Q>", "</base-Q>", "<predicted-Q>",
+                  "</predicted-Q>")
+log = logging.getLogger("rlrag_jax.r2ag")
+
+
+class _Corpus:
+  """The corpus, its retriever and the mapping of an example's gold ids to corpus ids."""
+
+  def __init__(self, config, sel, encoder=None):
+    self.records = from_config.corpus_for(config, sel)
+    self.encoder, self.retriever, self.index_dir = from_config.retriever_for(
+        config, self.records, encoder)
+    self.embed = QueryEmbeddings(self.encoder)
+    self.by_id = {r.id: r for r in self.records}
+    self._by_text = {(r.title, r.text): r.id for r in self.records}
+
+  def ids(self, ex, ids) -> tuple:
+    """Corpus ids of an example's context ids (the world's are corpus ids already; a real
+    dataset's are matched by title and text); unmatched ids are left out."""
+    out = []
+    for i in ids:
+      i = str(i)
+      if i in self.by_id:
+        out.append(i)
+        continue
+      c = ex.context(i) if hasattr(ex, "context") else None
+      cid = self._by_text.get((c.title, c.text)) if c is not None else None
+      if cid is not None and cid not in out:
+        out.append(cid)
+    return tuple(out)
+
+  def pairs(self, ids) -> list:
+    return [(self.by_id[i].title, self.by_id[i].text) for i in ids]
+
+  def search(self, queries: Sequence[str], k: int) -> list:
+    """Per query the ids of its top-k documents."""
+    if not queries:
+      return []
+    hits = self.retriever.search_embeddings(self.embed(list(queries)), k)
+    return [[h.id for h in hs] for hs in hits]
+
+
+def _generate(policy, tokenizer, prompt_ids: list, rng, *, greedy: bool, max_new: int,
+              chunk: int) -> tuple:
+  """(texts, truncated flags) of one sample per prompt, in chunks with coarse shape buckets
+  (rounds differ in size and prompt length; each new shape is an XLA compile)."""
+  import jax
+  texts, cut = [], []
+  room = int(policy.config.max_position_embeddings) - max_new
+  prompt_ids = [p[-room:] for p in prompt_ids]
+  for start in range(0, len(prompt_ids), chunk):
+    part = prompt_ids[start:start + chunk]
+    rng, sub = jax.random.split(rng)
+    gen = policy.sample(part, sub, greedy=greedy, max_new_tokens=max_new,
+                        batch_multiple=geometric_round(len(part), 8, per_octave=2),
+                        prompt_length=min(room, geometric_round(max(map(len, part)), 64,
+                                                                per_octave=2)))
+    for r in range(len(part)):
+      texts.append(decode_keeping_tags(tokenizer, completion_ids(gen, r)))
+      cut.append(gen.stopped_by[r] == "length")
+  return texts, cut
+
+
+def _with_gold(sel_examples) -> list:
+  return [ex for ex in sel_examples if getattr(ex, "gold_ids", None)]
+
+
+class SteeringTask:
+  name = "r2ag"
+
+  def __init__(self, config, encoder=None):
+    self.config = config
+    r = config.r2ag
+    self.style = config.data.prompt_style
+    self.passage_words = int(r.get("passage_words", 0) or 0)
+    self.train_top_k = int(r.train_top_k)
+    self.reward_cfg = rewards.RewardConfig.from_config(r.reward)
+    self.tree_cfg = dict(r.eval)
+    sel = sources.select(config.data, seed=config.seed)
+    self.train, self.eval = _with_gold(sel.train), _with_gold(sel.eval)
+    left = len(sel.train) + len(sel.eval) - len(self.train) - len(self.eval)
+    if left:
+      log.warning("r2ag: %d examples have no gold documents and are left out", left)
+    if not self.train:
+      raise ValueError("r2ag: no training example has gold documents (Example.gold_ids)")
+    self.corpus = _Corpus(config, sel, encoder)
+    self.forest = forest_lib.Forest(len(self.train), forest_lib.ForestConfig(**dict(r.forest)),
+                                    seed=config.seed)
+    self.refill, self.refill_tries = bool(r.refill), int(r.refill_tries)
+    self.generator = None
+    self._groups = 0
+    from rlrag_jax.data.tokenizer import tokenizer_for
+    self.tokenizer = tokenizer_for(config.model, config.workdir, self.tokenizer_texts,
+                                   SPECIAL_TOKENS)
+    self.use_chat = bool(config.model.chat_template and
+                         getattr(self.tokenizer, "chat_template", None))
+
+  def bind_models(self, models) -> None:
+    unknown = sorted(set(models) - {"generator"})
+    if unknown:
+      raise ValueError(f"config section 'models' names {unknown}; r2ag takes only 'generator'")
+    self.generator = models.get("generator")
+
+  # ---------------------------------------------------------------- gold and prompts
+  def gold(self, ex) -> tuple:
+    return self.corpus.ids(ex, ex.gold_ids)
+
+  def decomposition(self, ex) -> list:
+    """The gold decomposition with its step gold ids as corpus ids."""
+    return [dataclasses.replace(s, gold_ids=list(self.corpus.ids(ex, s.gold_ids)))
+            for s in ex.decomposition]
+
+  def prompt_at(self, question: str, context: Sequence[str]) -> list:
+    return prompts.steering_ids(self.tokenizer, question, self.corpus.pairs(context), self.style,
+                                self.use_chat, self.passage_words)
+
+  def prompt_ids(self, ex) -> list:
+    return self.prompt_at(ex.question, ())
+
+  def target_ids(self, text: str) -> list:
+    eos = self.tokenizer.eos_token_id
+    ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+    return ids + ([eos] if eos is not None else [])
+
+  def oracle(self, ex, context) -> str:
+    return prompts.oracle_step(self.decomposition(ex), self.gold(ex), context,
+                               predicted=bool(self.config.r2ag.oracle_predicted))
+
+  def sft_samples(self, ex) -> list:
+    """One sample per state of the oracle's chain (empty context ... all gold: stop)."""
+    decomp, gold = self.decomposition(ex), self.gold(ex)
+    if not decomp or not any(s.gold_ids for s in decomp):
+      return []
+    return [(self.prompt_at(ex.question, ctx), self.target_ids(self.oracle(ex, ctx)), None)
+            for ctx in prompts.oracle_contexts(decomp, gold)]
+
+  def sft_target(self, ex) -> str:
+    return self.oracle(ex, ())
+
+  def sft_target_ids(self, ex) -> list:
+    return self.target_ids(self.sft_target(ex))
+
+  def tokenizer_texts(self):
+    yield prompts.INSTRUCTION
+    yield prompts.prompt_text("", [], self.style)
+    yield prompts.GENERATOR_INSTRUCTION
+    for r in self.corpus.records:
+      yield f"{r.title}: {r.text}"
+    for ex in list(self.train) + list(self.eval):
+      yield ex.question
+      for ctx in prompts.oracle_contexts(self.decomposition(ex), self.gold(ex)):
+        yield self.oracle(ex, ctx)
+
+  # ---------------------------------------------------------------- rewards
+  def score(self, episodes) -> list:
+    """Top-Survivor reward of each episode (one expansion step); one batched retrieval."""
+    steps = [parsing.parse(ep.text) for ep in episodes]
+    queries, spans = [], []
+    for s in steps:
+      qs = [] if s.stop else list(s.base) + list(s.predicted)
+      spans.append((len(queries), len(s.base) if not s.stop else 0, len(qs)))
+      queries += qs
+    hits = self.corpus.search(queries, self.train_top_k)
+    out = []
+    for ep, s, (start, nb, n) in zip(episodes, steps, spans):
+      base_hits, pred_hits = hits[start:start + nb], hits[start + nb:start + n]
+      ep.info["hits"] = (base_hits, pred_hits)
+      out.append(rewards.step_reward(
+          s, base_hits, pred_hits, ep.info.get("context", ()), self.gold(ep.example),
+          bool(ep.info.get("truncated", False)), self.reward_cfg))
+    return out
+
+  def rewards(self, episodes, step: int = 0) -> list:
+    return self.score(episodes)
+
+  def reward(self, episode, step: int = 0) -> dict:
+    return self.score([episode])[0]
+
+  # ---------------------------------------------------------------- training rollouts
+  def rollout(self, policy, examples, rng, *, group_size=1, greedy=False):
+    """Root expansions of `examples` (the trainer's RL loop uses `collect`)."""
+    items = [forest_lib.Item(-1, 0, (), 0) for _ in examples]
+    return self._sample(policy, list(examples), items, rng, group_size, greedy)
+
+  def _sample(self, policy, examples, items, rng, g, greedy=False) -> list:
+    prompt_list = [self.prompt_at(ex.question, it.context) for ex, it in zip(examples, items)]
+    gen = policy.sample(prompt_list, rng, greedy=greedy, group_size=g) if g > 1 else \
+        policy.sample(prompt_list, rng, greedy=greedy)
+    episodes = []
+    for row in range(len(prompt_list) * g):
+      k = row // g
+      comp = completion_ids(gen, row)
+      episodes.append(Episode(
+          example=examples[k], prompt_ids=prompt_list[k], completion_ids=comp,
+          loss_mask=[1] * len(comp), text=decode_keeping_tags(self.tokenizer, comp),
+          info={"context": tuple(items[k].context), "item": k,
+                "truncated": gen.stopped_by[row] == "length"}))
+    return episodes
+
+  def _expand(self, policy, items, rng, g) -> list:
+    """Samples, scores and grows the forest for `items`; [(episodes, scores)] per item."""
+    examples = [self.train[self.forest.example_of(it)] for it in items]
+    episodes = self._sample(policy, examples, items, rng, g)
+    scores = self.score(episodes)
+    groups = []
+    for k, it in enumerate(items):
+      eps, scs = episodes[k * g:(k + 1) * g], scores[k * g:(k + 1) * g]
+      gold = set(self.gold(examples[k]))
+      outcomes = []
+      for ep, sc in zip(eps, scs):
+        step = parsing.parse(ep.text)
+        base_hits, pred_hits = ep.info["hits"]
+        counted, verts = set(it.context), []
+        for kind, qs, hs in (("base", step.base, base_hits), ("pred", step.predicted,
+                                                              pred_hits)):
+          for q, h in zip(qs, hs):
+            for d in h:
+              new = d in gold and d not in counted
+              counted.add(d)
+              verts.append((q, d, kind, new))
+        ctx = tuple(sorted(set(it.context) | (counted & gold)))
+        outcomes.append(forest_lib.Outcome(verts, ctx, finished=bool(
+            step.stop and gold <= set(it.context))))
+        sc["iteration"] = float(it.iteration)
+      self.forest.expand(it, outcomes)
+      self._groups += 1
+      for ep in eps:
+        ep.info["group"] = f"g{self._groups}"
+      groups.append((eps, scs))
+    return groups
+
+  def collect(self, policy, examples, rng, *, group_size, step):
+    """One RL step over the forest (the trainer's `examples` are not used: the forest draws its
+    own questions). Groups whose rewards do not vary are dropped (their loss masks zeroed, so
+    the update keeps its shape); with `r2ag.refill` more expansions are drawn in their place,
+    at most `r2ag.refill_tries` times."""
+    import jax
+    want = int(self.config.rl.prompts_per_step)
+    groups = self._expand(policy, self.forest.take(want), rng, group_size)
+    kept = [gr for gr in groups if _spread(gr[1])]
+    dropped = [gr for gr in groups if not _spread(gr[1])]
+    tries = 0
+    while self.refill and dropped and len(kept) < want and tries < self.refill_tries:
+      tries += 1
+      more = self._expand(policy, self.forest.take(want - len(kept)),
+                          jax.random.fold_in(rng, tries), group_size)
+      kept += [gr for gr in more if _spread(gr[1])]
+      dropped += [gr for gr in more if not _spread(gr[1])]
+    n_kept = min(len(kept), want)
+    out = kept[:want] + [(_silence(e), s) for e, s in dropped[:want - n_kept]]
+    episodes = [e for eps, _ in out for e in eps]
+    scores = [dict(s, kept_group=float(i < n_kept)) for i, (_, scs) in enumerate(out)
+              for s in scs]
+    return episodes, scores
+
+  # ---------------------------------------------------------------- state (the forest)
+  def state_dict(self) -> dict:
+    return {"forest": self.forest.state_dict(), "groups": self._groups}
+
+  def load_state_dict(self, state) -> None:
+    self.forest.load_state_dict(state["forest"])
+    self._groups = int(state.get("groups", 0))
+
+  # ---------------------------------------------------------------- evaluation
+  def variants(self) -> dict:
+    """{metric prefix: TreeConfig}: '' the main setting, 'base_' without predicted queries,
+    'top2_' two documents per query."""
+    e = self.tree_cfg
+    common = dict(t_base=int(e["t_base"]), t_pred=int(e["t_pred"]),
+                  max_iterations=int(e["max_iterations"]), max_branches=int(e["max_branches"]))
+    out = {"": inference.TreeConfig(top_k=int(e["top_k"]), use_predicted=True, **common)}
+    if e.get("base_only", True):
+      out["base_"] = inference.TreeConfig(top_k=int(e["top_k"]), use_predicted=False, **common)
+    for k in e.get("other_top_k", ()):
+      out[f"top{int(k)}_"] = inference.TreeConfig(top_k=int(k), use_predicted=True, **common)
+    return out
+
+  def eval_rollout(self, policy, examples, rng):
+    import jax
+    e = self.tree_cfg
+    temp = float(e.get("temperature", 0.0))
+    pol = dataclasses.replace(policy, temperature=temp, top_p=float(e.get("top_p", 1.0))) \
+        if temp > 0 else policy
+    chunk = max(1, int(self.config.eval.batch_size))
+    max_new = int(policy.max_new_tokens)
+    state = {"rng": rng}
+
+    def steer(reqs):
+      state["rng"], sub = jax.random.split(state["rng"])
+      ids = [self.prompt_at(q, ctx) for q, ctx in reqs]
+      return _generate(pol, self.tokenizer, ids, sub, greedy=temp <= 0, max_new=max_new,
+                       chunk=chunk)[0]
+
+    questions = [ex.question for ex in examples]
+    runs = {}
+    for prefix, cfg in self.variants().items():
+      runs[prefix] = inference.expand(questions, steer, self.corpus.search, cfg)
+    sr_k = int(e.get("sr_k", 0) or 0)
+    if sr_k:
+      t0 = time.perf_counter()
+      docs = self.corpus.search(questions, sr_k)
+      each = (time.perf_counter() - t0) / max(1, len(questions))
+      runs["sr_"] = [inference.TreeResult(docs=list(d), search_s=each) for d in docs]
+    answers = {p: self.answer(examples, [r.docs for r in res], jax.random.fold_in(rng, i))
+               for i, (p, res) in enumerate(runs.items())}
+    episodes = []
+    for k, ex in enumerate(examples):
+      info = {p: {"docs": runs[p][k].docs, "iterations": runs[p][k].iterations,
+                  "calls": runs[p][k].calls, "steer_s": runs[p][k].steer_s,
+                  "search_s": runs[p][k].search_s, "answer": answers[p][0][k],
+                  "answer_s": answers[p][1]} for p in runs}
+      info["outputs"] = runs[""][k].outputs
+      episodes.append(Episode(example=ex, prompt_ids=[], completion_ids=[], loss_mask=[],
+                              text=answers[""][0][k], info=info))
+    return episodes
+
+  def answer(self, examples, doc_lists, rng) -> tuple:
+    """(answers, seconds per question) of the frozen generator from each question's documents
+    (the first `r2ag.eval.generator_max_docs`); ('' answers without a bound generator)."""
+    if self.generator is None:
+      return [""] * len(examples), 0.0
+    from rlrag_jax.rollout.policy import Policy
+    lm = self.generator
+    tok = lm.tokenizer
+    e = self.tree_cfg
+    limit = int(e.get("generator_max_docs", 8))
+    use_chat = bool(self.config.model.chat_template and getattr(tok, "chat_template", None))
+    ids = [prompts.generator_ids(tok, ex.question, self.corpus.pairs(d[:limit]), self.style,
+                                 use_chat, self.passage_words)
+           for ex, d in zip(examples, doc_lists)]
+    eos = tuple(lm.config.eos_token_id or ()) or (tok.eos_token_id,)
+    pol = Policy(lm.config, lm.params, max_new_tokens=int(e.get("answer_tokens", 16)),
+                 eos_ids=eos, pad_id=tok.pad_token_id or 0)
+    t0 = time.perf_counter()
+    texts, _ = _generate(pol, tok, ids, rng, greedy=True, max_new=pol.max_new_tokens,
+                         chunk=max(1, int(self.config.eval.batch_size)))
+    return [t.strip() for t in texts], (time.perf_counter() - t0) / max(1, len(examples))
+
+  def eval_metrics_batch(self, episodes) -> list:
+    out = []
+    for ep in episodes:
+      gold = self.gold(ep.example)
+      m = {}
+      for p, r in ep.info.items():
+        if p == "outputs":
+          continue
+        docs = r["docs"]
+        found = len(set(docs) & set(gold))
+        m.update({f"{p}recall": found / max(1, len(gold)),
+                  f"{p}full_recall": float(found == len(gold)),
+                  f"{p}at_k": float(len(docs)),
+                  f"{p}map": rewards.average_precision(docs, gold),
+                  f"{p}latency_retrieval_s": r["steer_s"] + r["search_s"],
+                  f"{p}latency_generation_s": r["answer_s"]})
+        if p != "sr_":
+          m[f"{p}iterations"] = float(r["iterations"])
+        if self.generator is not None:
+          m[f"{p}em"] = metrics.exact_match(r["answer"], ep.example.answers)
+          m[f"{p}f1"] = metrics.f1(r["answer"], ep.example.answers)
+      m["prediction"] = ep.text
+      out.append(m)
+    return out
+
+  def eval_metrics(self, episode) -> dict:
+    return self.eval_metrics_batch([episode])[0]
+
+  def report(self, workdir, rlog) -> None:
+    from rlrag_jax.methods.r2ag import report
+    report.write(self, pathlib.Path(workdir))
+
+
+def _spread(scores) -> bool:
+  return float(np.std([s["total"] for s in scores])) > 0
+
+
+def _silence(episodes) -> list:
+  return [dataclasses.replace(e, loss_mask=[0] * len(e.loss_mask),
+                              info={**e.info, "padding": True}) for e in episodes]
+
+
+class GeneratorTask:
+  """The frozen generator of the CPU default: SFT on gold documents among distractors."""
+  name = "r2ag"
+
+  def __init__(self, config, encoder=None):
+    self.config = config
+    r = config.r2ag
+    self.style = config.data.prompt_style
+    self.passage_words = int(r.get("passage_words", 0) or 0)
+    self.distractors = int(r.generator_distractors)
+    sel = sources.select(config.data, seed=config.seed)
+    self.train, self.eval = _with_gold(sel.train), _with_gold(sel.eval)
+    if int(config.rl.steps) > 0:
+      raise ValueError(f"config key 'rl.steps' is {config.rl.steps}: the r2ag generator is "
+                       "trained by SFT only; set rl.steps=0")
+    self.corpus = _Corpus(config, sel, encoder)
+    exs = list(self.train) + list(self.eval)
+    near = self.corpus.search([ex.question for ex in exs], self.distractors + 4) \
+        if self.distractors else [[] for _ in exs]
+    self._docs = {}
+    for ex, cand in zip(exs, near):
+      gold = list(self.corpus.ids(ex, ex.gold_ids))
+      rng = random.Random(f"{config.seed}/{ex.id}")
+      noise = [d for d in cand if d not in gold][:rng.randint(0, self.distractors)]
+      docs = gold + noise
+      rng.shuffle(docs)
+      self._docs[str(ex.id)] = docs
+    from rlrag_jax.data.tokenizer import tokenizer_for
+    self.tokenizer = tokenizer_for(config.model, config.workdir, self.tokenizer_texts, ())
+    self.use_chat = bool(config.model.chat_template and
+                         getattr(self.tokenizer, "chat_template", None))
+
+  def docs(self, ex) -> list:
+    return self._docs[str(ex.id)]
+
+  def prompt_ids(self, ex) -> list:
+    return prompts.generator_ids(self.tokenizer, ex.question, self.corpus.pairs(self.docs(ex)),
+                                 self.style, self.use_chat, self.passage_words)
+
+  def sft_target(self, ex) -> str:
+    return ex.answers[0]
+
+  def sft_target_ids(self, ex) -> list:
+    eos = self.tokenizer.eos_token_id
+    text = ex.answers[0] if self.use_chat else " " + ex.answers[0]
+    return self.tokenizer(text, add_special_tokens=False)["input_ids"] + \
+        ([eos] if eos is not None else [])
+
+  def tokenizer_texts(self):
+    yield prompts.generator_text("", [], self.style)
+    for r in self.corpus.records:
+      yield f"{r.title}: {r.text}"
+    for ex in list(self.train) + list(self.eval):
+      yield f"{ex.question} {ex.answers[0]}"
+
+  def rollout(self, policy, examples, rng, *, group_size=1, greedy=False):
+    from rlrag_jax.rollout.single_turn import single_turn
+    return single_turn(policy, examples, self.prompt_ids,
+                       lambda ids: decode_keeping_tags(self.tokenizer, ids), rng,
+                       group_size=group_size, greedy=greedy)
+
+  def reward(self, episode, step: int = 0) -> dict:
+    em = metrics.exact_match(episode.text, episode.example.answers)
+    return {"total": em, "em": em}
+
+  def eval_metrics(self, episode) -> dict:
+    return {"em": metrics.exact_match(episode.text, episode.example.answers),
+            "f1": metrics.f1(episode.text, episode.example.answers),
+            "prediction": episode.text}
+
+
+def make_task(config):
+  role = config.get("r2ag", {}).get("role", "steering")
+  if role == "steering":
+    return SteeringTask(config)
+  if role == "generator":
+    return GeneratorTask(config)
+  raise ValueError(f"config key 'r2ag.role' is {role!r}; expected one of {ROLES}")

@@ -1,0 +1,128 @@
+"""R2AG through the shared trainer: the CPU default shrunk (SFT warm-up, DAPO over the forest,
+kill-and-resume continuing the forest exactly, the frozen generator trained once from its own
+config), and the ':paper' preset shrunk onto tiny HF checkpoints and the real data samples."""
+import json
+
+import ml_collections
+import pytest
+
+from configs import r2ag, r2ag_generator
+from rlrag_jax import config_base, trainer
+from rlrag_jax.methods.r2ag import task as r2ag_task
+
+pytestmark = pytest.mark.slow
+
+WORLD = dict(num_countries=6, num_cities=24, num_people=80, num_orgs=20, num_films=40,
+             num_books=40, num_questions=300)
+
+
+def _small(c, workdir):
+  c.workdir = str(workdir)
+  c.data.world = config_base.world_config(**WORLD)
+  c.data.max_eval = 6
+  c.model.update(dict(hidden_size=64, intermediate_size=128, num_layers=2, num_heads=2,
+                      num_kv_heads=1, head_dim=32, vocab_size=1024))
+  c.sft.update(dict(steps=6, batch_size=8))
+  c.eval.update(dict(num_examples=6, batch_size=6, max_new_tokens=40))
+  c.checkpoint.every = 1
+  return c
+
+
+def _generator_cfg(workdir):
+  g = _small(r2ag_generator.get_config(""), workdir)
+  g.sft.steps = 3
+  return g
+
+
+def _steering_cfg(workdir, generator):
+  c = _small(r2ag.get_config(""), workdir)
+  c.models.generator = ml_collections.ConfigDict(dict(path=str(generator)))
+  c.rl.update(dict(steps=4, prompts_per_step=3, group_size=4, max_new_tokens=40))
+  c.r2ag.forest.update(dict(size=4, max_iterations=3, max_children=2, max_size=4))
+  return c
+
+
+@pytest.fixture(scope="module")
+def generator(tmp_path_factory):
+  path = tmp_path_factory.mktemp("gen") / "run"
+  trainer.run(_generator_cfg(path), progress=False)
+  return path
+
+
+def test_trains_reports_and_resumes_the_forest_exactly(tmp_path, generator):
+  whole = trainer.run(_steering_cfg(tmp_path / "whole", generator), progress=False)
+  after = whole.after["all"]
+  for prefix in ("", "base_", "top2_", "sr_"):
+    for key in ("recall", "full_recall", "at_k", "map", "em", "f1"):
+      assert 0 <= after[f"{prefix}{key}"] <= max(1, after[f"{prefix}at_k"])
+  assert after["sr_at_k"] == 5
+  report = (tmp_path / "whole" / "r2ag_report.txt").read_text()
+  for name in ("SFT only", "after RL", "R2AG top-1", "base-only", "top-2", "SR@k", "mAP",
+               "RR-Forest"):
+    assert name in report
+  rows = [json.loads(l) for l in (tmp_path / "whole" / "metrics.jsonl").open()]
+  rl = [r for r in rows if r.get("stage") == "rl"]
+  assert len(rl) == 4 and all("reward/mh" in r and "reward/kept_group" in r for r in rl)
+
+  # killed after the second RL step, then resumed: the same forest, the same evaluation
+  sft = 6
+  assert trainer.run(_steering_cfg(tmp_path / "cut", generator), progress=False,
+                     stop_after=sft + 2) is None
+  resumed = trainer.run(_steering_cfg(tmp_path / "cut", generator), progress=False,
+                        resume=True)
+  forest = [json.loads((tmp_path / d / "r2ag_forest.json").read_text()) for d in ("whole",
+                                                                                   "cut")]
+  assert forest[0] == forest[1]
+  strip = lambda d: {k: v for k, v in d.items() if "latency" not in k}
+  assert strip(resumed.after["all"]) == pytest.approx(strip(whole.after["all"]))
+
+
+def test_generator_is_trained_once_from_its_config(tmp_path):
+  """`models.generator.train_config`: a missing run is trained first; a second run reuses it."""
+  cfg_file = tmp_path / "gen_cfg.py"
+  cfg_file.write_text(
+      "from configs import r2ag_generator\n"
+      "from rlrag_jax import config_base\n"
+      "def get_config(arg=''):\n"
+      "  c = r2ag_generator.get_config('')\n"
+      f"  c.data.world = config_base.world_config(**{WORLD!r})\n"
+      "  c.model.update(dict(hidden_size=64, intermediate_size=128, num_layers=2, num_heads=2,"
+      " num_kv_heads=1, head_dim=32, vocab_size=1024))\n"
+      "  c.sft.update(dict(steps=2, batch_size=8))\n"
+      "  c.eval.update(dict(num_examples=4, batch_size=4))\n"
+      "  return c\n")
+  gen = tmp_path / "gen"
+  c = _steering_cfg(tmp_path / "a", gen)
+  c.models.generator.train_config = str(cfg_file)
+  c.rl.steps, c.sft.steps = 1, 1
+  trainer.run(c, progress=False)
+  stamp = (gen / "eval_summary.json").stat().st_mtime_ns
+  c.workdir = str(tmp_path / "b")
+  trainer.run(c, progress=False)
+  assert (gen / "eval_summary.json").stat().st_mtime_ns == stamp
+
+
+def test_paper_preset_runs_on_real_data(tmp_path, shared_data_dir):
+  pytest.importorskip("torch")
+  from hf_tiny import make_tiny_checkpoint
+  policy = make_tiny_checkpoint(tmp_path, "qwen2", max_position_embeddings=4096, name="policy")
+  reader = make_tiny_checkpoint(tmp_path, "llama", seed=1, max_position_embeddings=4096,
+                                name="generator")
+  c = r2ag.get_config("paper")
+  c.workdir, c.model.path, c.data.dir = str(tmp_path / "run"), str(policy), ""
+  c.models.generator.path = str(reader)
+  c.data.mix = ("hotpotqa:train", "musique:train")      # the samples hold no 2Wiki train split
+  c.data.max_train, c.data.max_eval = 6, 6
+  c.retrieval.backend = "exact"
+  c.rl.update(dict(steps=2, prompts_per_step=2, group_size=2, micro_batches=1,
+                   max_new_tokens=8))
+  c.r2ag.forest.update(dict(size=3, max_size=4))
+  c.r2ag.eval.update(dict(answer_tokens=4, max_iterations=2))
+  c.eval.update(dict(num_examples=3, max_new_tokens=8, batch_size=3))
+  c.checkpoint.every = 1
+  c.model.attention_block = 64
+  res = trainer.run(c, progress=False)
+  assert res.after["all"]["n"] == 3 and "map" in res.after["all"]
+  t = r2ag_task.make_task(c)
+  assert all(t.gold(ex) for ex in t.train + t.eval)     # gold paragraphs found in the corpus
+  assert {ex.source for ex in t.train} == {"hotpotqa", "musique"}
