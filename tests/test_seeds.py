@@ -174,3 +174,27 @@ def test_sft_only_runs_are_labelled_final(tmp_path):
   text = seeds.write_markdown(seeds.summarise(runs, 50), tmp_path / "m.md", "t")
   assert "| metric | warm-up (before RL) | final |" in text and "after RL" not in text
   assert "| em | – | 0.500 ± 0.000 | – | – | – |" in text
+
+
+def test_contrast_of_two_metrics_of_one_evaluation_by_hand(tmp_path):
+  """--contrast=top2_map-map: per seed the difference of the two means, and the bootstrap over
+  the (seed, example) differences, before and after RL."""
+  for s, (m1, m2) in enumerate([([0.5, 1.0], [0.25, 0.5]), ([1.0, 1.0], [0.5, 1.0])]):
+    w = tmp_path / f"s{s}"
+    w.mkdir()
+    rows = [{"id": f"q{i}", "map": a, "top2_map": b} for i, (a, b) in enumerate(zip(m1, m2))]
+    mean = {"map": float(np.mean(m1)), "top2_map": float(np.mean(m2))}
+    (w / "eval_summary.json").write_text(json.dumps({"before": mean, "after": mean,
+                                                     "minutes": 1.0}))
+    (w / "eval_rows.json").write_text(json.dumps({"before": rows, "after": rows}))
+  runs = {"main": {s: seeds.load_run(tmp_path / f"s{s}") for s in (0, 1)}}
+  con = seeds.contrasts(runs, ["top2_map-map"], resamples=100)["top2_map-map"]["main"]
+  assert con["after"]["diff_per_seed"] == pytest.approx([-0.375, -0.25])
+  assert con["after"]["diff_ci"][0] == pytest.approx((-0.25 - 0.5 + -0.5 + 0.0) / 4)
+  assert con["after"]["paired_examples"] == 4 and "before" in con
+  summary = seeds.summarise(runs, 50)
+  summary["contrasts"] = seeds.contrasts(runs, ["top2_map-map"], 50)
+  text = seeds.write_markdown(summary, tmp_path / "m.md", "t")
+  assert "| top2_map-map | main | after RL | -0.312 ± 0.088 |" in text
+  with pytest.raises(ValueError, match="METRIC_A-METRIC_B"):
+    seeds.contrasts(runs, ["map"])

@@ -23,6 +23,8 @@ Outputs:
   DIR/seeds.png   each metric's curve over training steps per seed (thin), the mean bold.
                   `--plot` picks them: evaluation metrics, or any RL training metric (kl,
                   reward/total, vf/explained_variance, ...).
+With `--contrast=top2_map-map,...`, seeds.md also compares two metrics of the same evaluation
+(settings a run evaluates side by side), paired on (seed, example), before and after RL.
 With `--curves=kl,reward/total,...`, seeds.md also summarises those training curves per arm: the
 mean over the last quarter of RL steps and the std of the step-to-step changes (smoothness),
 mean ± std over seeds.
@@ -198,6 +200,44 @@ def summarise(runs: dict, resamples: int = 2000) -> dict:
   return out
 
 
+def contrasts(runs: dict, pairs: Sequence[str], resamples: int = 2000) -> dict:
+  """Two metrics of the same evaluation compared, e.g. 'top2_map-map' (two settings a run
+  evaluates side by side): per arm and point (before / after RL) the difference A - B per seed
+  and a paired bootstrap interval over (seed, example)."""
+  out = {}
+  for spec in pairs:
+    a, sep, b = spec.partition("-")
+    if not sep or not a or not b:
+      raise ValueError(f"--contrast {spec!r}: expected METRIC_A-METRIC_B")
+    for arm, by_seed in runs.items():
+      for point in ("before", "after"):
+        have = [s for s in sorted(by_seed) if by_seed[s][point]
+                and a in by_seed[s][point] and b in by_seed[s][point]]
+        if not have:
+          continue
+        per_seed = [by_seed[s][point][a] - by_seed[s][point][b] for s in have]
+        diffs = [float(r[a]) - float(r[b]) for s in have for r in by_seed[s]["rows"][point]
+                 if a in r and b in r]
+        out.setdefault(spec, {}).setdefault(arm, {})[point] = {
+            "diff": mean_std(per_seed), "diff_per_seed": per_seed,
+            "diff_ci": paired_bootstrap(diffs, resamples), "paired_examples": len(diffs)}
+  return out
+
+
+def contrasts_markdown(con: dict, before: str, after: str) -> str:
+  lines = ["## Metric contrasts (A - B within each evaluation, paired on seed and example)", "",
+           "| A - B | arm | point | mean ± std over seeds | paired bootstrap 95% CI |",
+           "|---|---|---|---|---|"]
+  for spec, by_arm in con.items():
+    for arm, by_point in by_arm.items():
+      for point, e in by_point.items():
+        ci = e["diff_ci"]
+        name = _point_name(before if point == "before" else after)
+        lines.append(f"| {spec} | {arm} | {name} | {_pm(e['diff'])} | "
+                     f"[{ci[1]:+.3f}, {ci[2]:+.3f}] ({e['paired_examples']} pairs) |")
+  return "\n".join(lines + [""])
+
+
 def _pm(ms) -> str:
   return f"{ms[0]:.3f} ± {ms[1]:.3f}"
 
@@ -240,6 +280,8 @@ def write_markdown(summary: dict, path: pathlib.Path, title: str, before: str = 
       ci = e["diff_ci"]
       lines.append(f"| {m} | {_pm(e['diff'])} | [{ci[1]:+.3f}, {ci[2]:+.3f}] |")
     lines.append("")
+  if summary.get("contrasts"):
+    lines.append(contrasts_markdown(summary["contrasts"], before, after))
   if summary.get("curves"):
     lines.append(curves_markdown(summary["curves"]))
   text = "\n".join(lines)
@@ -345,6 +387,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   parser.add_argument("--curves", default="",
                       help="comma-separated training metrics (e.g. kl,reward/total) summarised per "
                       "arm by their last-quarter mean and the std of their step-to-step changes")
+  parser.add_argument("--contrast", default="",
+                      help="comma-separated A-B metric pairs of one evaluation (e.g. "
+                      "top2_map-map): their difference with a paired bootstrap interval")
   parser.add_argument("--arm", action="append", default=[],
                       help="NAME=FLAGS: a comparison arm (give two); FLAGS are train flags")
   args, passthrough = parser.parse_known_args(argv)
@@ -378,6 +423,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 if is_done(run_dir(out, arm, s))}
           for arm in arms}
   summary = summarise(runs, args.resamples)
+  if args.contrast:
+    summary["contrasts"] = contrasts(runs, [c for c in args.contrast.split(",") if c],
+                                     args.resamples)
   if args.curves:
     summary["curves"] = summarise_curves(
         {a: {s: run_dir(out, a, s) for s in runs[a]} for a in arms},
