@@ -49,6 +49,11 @@ Differences from the paper, with the reason:
     composite node). The paper samples at T 0.6, top-p 0.9 (':paper'); the CPU default is greedy.
   - Iterations L_MAX-I = 5 in training and evaluation, as in the paper; the CPU forest stops at
     r2ag.forest.max_iterations.
+  - Values the paper does not give, ours: at most r2ag.eval.max_branches = 8 open branches per
+    question per round (bounds the tree's cost), the generator reads the first
+    r2ag.eval.generator_max_docs = 8 retrieved documents and writes at most answer_tokens = 16
+    tokens, and ':paper' splits each update into rl.micro_batches = 64 (memory only). The
+    single-step baseline retrieves r2ag.eval.sr_k = 5 documents (the paper's SR@5).
 """
 import ml_collections
 
