@@ -48,3 +48,31 @@ class Policy:
         stop=tuple(self.stop if stop is None else stop), rng=rng,
         eos_ids=tuple(self.eos_ids), pad_id=self.pad_id,
         max_new_tokens_per_row=max_new_tokens_per_row, **sampler_kwargs)
+
+  def sample_chunked(self, prompt_ids: Sequence[Sequence[int]], rng, *, chunk: int,
+                     greedy: bool = True, max_new_tokens: Optional[int] = None,
+                     max_new_tokens_per_row=None) -> tuple:
+    """One continuation per prompt, `chunk` rows at a time, each call padded to coarse shape
+    buckets (batch size and prompt length, `rollout.batch.geometric_round`) so that calls of
+    varying size and length reuse a bounded set of compiled programs. Prompts must fit
+    max_position_embeddings - max_new_tokens. Returns ([(completion ids, stopped_by)], rng
+    after one split per chunk)."""
+    import jax
+    from rlrag_jax.rollout.batch import geometric_round
+    from rlrag_jax.rollout.single_turn import completion_ids
+    n_new = int(max_new_tokens or self.max_new_tokens)
+    room = int(self.config.max_position_embeddings) - n_new
+    out = []
+    for start in range(0, len(prompt_ids), chunk):
+      part = [list(p) for p in prompt_ids[start:start + chunk]]
+      rng, sub = jax.random.split(rng)
+      per_row = (None if max_new_tokens_per_row is None
+                 else list(max_new_tokens_per_row[start:start + chunk]))
+      gen = self.sample(part, sub, greedy=greedy, max_new_tokens=n_new,
+                        max_new_tokens_per_row=per_row,
+                        batch_multiple=geometric_round(len(part), 8, per_octave=2),
+                        prompt_length=min(room, geometric_round(max(map(len, part)), 64,
+                                                                per_octave=2)))
+      out += [(completion_ids(gen, r), gen.stopped_by[r]) for r in range(len(part))]
+    return out, rng
+

@@ -18,8 +18,7 @@ from rlrag_jax.data import sources
 from rlrag_jax.methods.apex import executor, plans, prompts, rewrite, sepr
 from rlrag_jax.retrieval import from_config
 from rlrag_jax.retrieval.query_cache import QueryEmbeddings
-from rlrag_jax.rollout.batch import geometric_round
-from rlrag_jax.rollout.single_turn import completion_ids, decode_keeping_tags, single_turn
+from rlrag_jax.rollout.single_turn import decode_keeping_tags, single_turn
 from rlrag_jax.tasks import Episode
 
 ROLES = ("planner", "executor")
@@ -300,22 +299,13 @@ class ExecutorTask:
         self.truncated_prompts += len(long)
         for i in long:
           ids[i] = ids[i][-room:]
-      out = []
-      for start in range(0, len(ids), chunk):
-        part = ids[start:start + chunk]
-        state["rng"], sub = jax.random.split(state["rng"])
-        per_row = [limit.get(a.kind, int(self.config.apex.max_answer_tokens))
-                   for a in asks[start:start + chunk]]
-        # Coarse shape buckets: rounds differ in batch size and prompt length, and each new
-        # shape is an XLA compile; one token budget for every role (rows stop at their own).
-        gen = policy.sample(part, sub, greedy=greedy, max_new_tokens=longest,
-                            max_new_tokens_per_row=per_row,
-                            batch_multiple=geometric_round(len(part), 8, per_octave=2),
-                            prompt_length=min(room, geometric_round(max(map(len, part)), 64,
-                                                                    per_octave=2)))
-        out += [decode_keeping_tags(self.tokenizer, completion_ids(gen, r))
-                for r in range(len(part))]
-      return out
+      # One token budget for every role (rows stop at their own): rounds differ in batch size
+      # and prompt length, and sample_chunked keeps their shapes to a few compiled programs.
+      per_row = [limit.get(a.kind, int(self.config.apex.max_answer_tokens)) for a in asks]
+      rows, state["rng"] = policy.sample_chunked(ids, state["rng"], chunk=chunk, greedy=greedy,
+                                                 max_new_tokens=longest,
+                                                 max_new_tokens_per_row=per_row)
+      return [decode_keeping_tags(self.tokenizer, comp) for comp, _ in rows]
     return generate
 
   def execute(self, policy, examples, plan_lists, rng=None) -> list:

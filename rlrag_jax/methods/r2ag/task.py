@@ -28,7 +28,6 @@ from rlrag_jax.methods.r2ag import forest as forest_lib
 from rlrag_jax.methods.r2ag import inference, parsing, prompts, rewards
 from rlrag_jax.retrieval import from_config
 from rlrag_jax.retrieval.query_cache import QueryEmbeddings
-from rlrag_jax.rollout.batch import geometric_round
 from rlrag_jax.rollout.single_turn import completion_ids, decode_keeping_tags
 from rlrag_jax.tasks import Episode
 
@@ -77,23 +76,13 @@ class _Corpus:
 
 def _generate(policy, tokenizer, prompt_ids: list, rng, *, greedy: bool, max_new: int,
               chunk: int) -> tuple:
-  """(texts, truncated flags) of one sample per prompt, in chunks with coarse shape buckets
-  (rounds differ in size and prompt length; each new shape is an XLA compile)."""
-  import jax
-  texts, cut = [], []
+  """(texts, truncated flags) of one sample per prompt (prompts keep their last tokens when
+  longer than the model's positions allow)."""
   room = int(policy.config.max_position_embeddings) - max_new
-  prompt_ids = [p[-room:] for p in prompt_ids]
-  for start in range(0, len(prompt_ids), chunk):
-    part = prompt_ids[start:start + chunk]
-    rng, sub = jax.random.split(rng)
-    gen = policy.sample(part, sub, greedy=greedy, max_new_tokens=max_new,
-                        batch_multiple=geometric_round(len(part), 8, per_octave=2),
-                        prompt_length=min(room, geometric_round(max(map(len, part)), 64,
-                                                                per_octave=2)))
-    for r in range(len(part)):
-      texts.append(decode_keeping_tags(tokenizer, completion_ids(gen, r)))
-      cut.append(gen.stopped_by[r] == "length")
-  return texts, cut
+  rows, _ = policy.sample_chunked([p[-room:] for p in prompt_ids], rng, chunk=chunk,
+                                  greedy=greedy, max_new_tokens=max_new)
+  return ([decode_keeping_tags(tokenizer, comp) for comp, _ in rows],
+          [stopped == "length" for _, stopped in rows])
 
 
 def _with_gold(sel_examples) -> list:
