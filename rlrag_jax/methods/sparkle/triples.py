@@ -1,0 +1,115 @@
+"""The knowledge-triple corpus behind SPARKLE's Knowledge Integration agent.
+
+Every document's triples are known offline (the paper extracts them with an LLM and caches
+them; the embedded world ships the triples its passages state; a real corpus loads the file
+written by `python -m rlrag_jax.methods.sparkle.extract_triples`). At a retrieval, the triples of
+the retrieved documents (the paper: top-10) are ranked by the encoder's similarity to the query
+and the best `top_triples` (the paper: 20) become the candidates, each remembering its source
+document (which joins the context when the agent selects it).
+
+Candidates only ever come from retrieved documents' own triples: a question's reasoning path
+(`Example.triples`, 2Wiki's `evidences`) is never offered, so the answer cannot leak through it.
+Triple embeddings are computed once per (corpus, encoder) and cached as a .npy file.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+import pathlib
+from typing import Mapping, Optional, Sequence
+
+import numpy as np
+
+log = logging.getLogger("rlrag_jax.sparkle")
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+  head: str
+  relation: str
+  tail: str
+  doc_id: str
+  score: float = 0.0
+
+
+def triple_sentence(head: str, relation: str, tail: str) -> str:
+  """What the encoder reads for a triple ("The Silent Coast directed by Tamnal Quilothsyl")."""
+  return f"{head} {relation.replace('_', ' ')} {tail}"
+
+
+class TripleStore:
+  """Per-document triples and their unit embeddings [N, d]."""
+
+  def __init__(self, triples_by_doc: Mapping[str, Sequence], encoder,
+               cache_dir: Optional[str] = None, batch_size: int = 256):
+    self.doc_ids, self.rows = [], []
+    self.by_doc = {}
+    for doc in triples_by_doc:
+      start = len(self.rows)
+      for t in triples_by_doc[doc]:
+        h, r, tl = (t.head, t.relation, t.tail) if hasattr(t, "head") else tuple(t)
+        self.rows.append((str(h), str(r), str(tl)))
+        self.doc_ids.append(str(doc))
+      self.by_doc[str(doc)] = (start, len(self.rows))
+    self.encoder = encoder
+    self.embeddings = self._embed(cache_dir, batch_size)
+
+  @classmethod
+  def from_records(cls, records: Sequence, encoder, cache_dir: Optional[str] = None,
+                   extracted: Optional[Mapping[str, Sequence]] = None) -> "TripleStore":
+    """Triples of corpus records (their own `triples`, else `extracted[record id]`)."""
+    extracted = extracted or {}
+    by_doc = {r.id: (list(r.triples) if getattr(r, "triples", None) else
+                     list(extracted.get(r.id, ()))) for r in records}
+    return cls(by_doc, encoder, cache_dir)
+
+  def __len__(self) -> int:
+    return len(self.rows)
+
+  def _embed(self, cache_dir, batch_size) -> np.ndarray:
+    dim = int(self.encoder.dim)
+    if not self.rows:
+      return np.zeros((0, dim), np.float32)
+    texts = [triple_sentence(*r) for r in self.rows]
+    h = hashlib.sha1(str(self.encoder.id).encode())
+    for d, t in zip(self.doc_ids, texts):
+      h.update(f"{d}\x00{t}\x01".encode())
+    path = (pathlib.Path(cache_dir).expanduser() / f"triples-{h.hexdigest()[:16]}.npy"
+            if cache_dir else None)
+    if path is not None and path.exists():
+      emb = np.load(path)
+      if emb.shape == (len(texts), dim):
+        return emb
+    log.info("sparkle: encoding %d triples%s", len(texts),
+             f" (cached in {path})" if path else "")
+    emb = np.asarray(self.encoder.encode(texts, batch_size=batch_size), np.float32)
+    if path is not None:
+      path.parent.mkdir(parents=True, exist_ok=True)
+      tmp = path.with_suffix(".tmp.npy")
+      np.save(tmp, emb)
+      tmp.replace(path)
+    return emb
+
+  def doc_triples(self, doc_id: str) -> list:
+    a, b = self.by_doc.get(str(doc_id), (0, 0))
+    return [Candidate(*self.rows[k], doc_id=self.doc_ids[k]) for k in range(a, b)]
+
+  def candidates(self, query_vec: np.ndarray, doc_ids: Sequence[str],
+                 top_triples: int) -> list:
+    """The `top_triples` triples of `doc_ids` most similar to the query, best first (ties keep
+    document then triple order); a document repeated in `doc_ids` counts once."""
+    rows, seen = [], set()
+    for d in doc_ids:
+      d = str(d)
+      if d in seen:
+        continue
+      seen.add(d)
+      a, b = self.by_doc.get(d, (0, 0))
+      rows.extend(range(a, b))
+    if not rows:
+      return []
+    scores = self.embeddings[rows] @ np.asarray(query_vec, np.float32)
+    order = sorted(range(len(rows)), key=lambda k: (-float(scores[k]), k))[:int(top_triples)]
+    return [Candidate(*self.rows[rows[k]], doc_id=self.doc_ids[rows[k]],
+                      score=float(scores[k])) for k in order]
