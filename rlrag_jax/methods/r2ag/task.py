@@ -26,8 +26,7 @@ from rlrag_jax import metrics
 from rlrag_jax.data import sources
 from rlrag_jax.methods.r2ag import forest as forest_lib
 from rlrag_jax.methods.r2ag import inference, parsing, prompts, rewards
-from rlrag_jax.retrieval import from_config
-from rlrag_jax.retrieval.query_cache import QueryEmbeddings
+from rlrag_jax.retrieval.corpus_search import CorpusSearch
 from rlrag_jax.rollout.single_turn import completion_ids, decode_keeping_tags
 from rlrag_jax.tasks import Episode
 
@@ -35,43 +34,6 @@ ROLES = ("steering", "generator")
 SPECIAL_TOKENS = ("<think>", "</think>", "<base-Q>", "</base-Q>", "<predicted-Q>",
                   "</predicted-Q>")
 log = logging.getLogger("rlrag_jax.r2ag")
-
-
-class _Corpus:
-  """The corpus, its retriever and the mapping of an example's gold ids to corpus ids."""
-
-  def __init__(self, config, sel, encoder=None):
-    self.records = from_config.corpus_for(config, sel)
-    self.encoder, self.retriever, self.index_dir = from_config.retriever_for(
-        config, self.records, encoder)
-    self.embed = QueryEmbeddings(self.encoder)
-    self.by_id = {r.id: r for r in self.records}
-    self._by_text = {(r.title, r.text): r.id for r in self.records}
-
-  def ids(self, ex, ids) -> tuple:
-    """Corpus ids of an example's context ids (the world's are corpus ids already; a real
-    dataset's are matched by title and text); unmatched ids are left out."""
-    out = []
-    for i in ids:
-      i = str(i)
-      if i in self.by_id:
-        out.append(i)
-        continue
-      c = ex.context(i) if hasattr(ex, "context") else None
-      cid = self._by_text.get((c.title, c.text)) if c is not None else None
-      if cid is not None and cid not in out:
-        out.append(cid)
-    return tuple(out)
-
-  def pairs(self, ids) -> list:
-    return [(self.by_id[i].title, self.by_id[i].text) for i in ids]
-
-  def search(self, queries: Sequence[str], k: int) -> list:
-    """Per query the ids of its top-k documents."""
-    if not queries:
-      return []
-    hits = self.retriever.search_embeddings(self.embed(list(queries)), k)
-    return [[h.id for h in hs] for hs in hits]
 
 
 def _generate(policy, tokenizer, prompt_ids: list, rng, *, greedy: bool, max_new: int,
@@ -107,7 +69,7 @@ class SteeringTask:
       log.warning("r2ag: %d examples have no gold documents and are left out", left)
     if not self.train:
       raise ValueError("r2ag: no training example has gold documents (Example.gold_ids)")
-    self.corpus = _Corpus(config, sel, encoder)
+    self.corpus = CorpusSearch(config, sel, encoder)
     self.forest = forest_lib.Forest(len(self.train), forest_lib.ForestConfig(**dict(r.forest)),
                                     seed=config.seed)
     self.refill, self.refill_tries = bool(r.refill), int(r.refill_tries)
@@ -417,7 +379,7 @@ class GeneratorTask:
     if int(config.rl.steps) > 0:
       raise ValueError(f"config key 'rl.steps' is {config.rl.steps}: the r2ag generator is "
                        "trained by SFT only; set rl.steps=0")
-    self.corpus = _Corpus(config, sel, encoder)
+    self.corpus = CorpusSearch(config, sel, encoder)
     exs = list(self.train) + list(self.eval)
     near = self.corpus.search([ex.question for ex in exs], self.distractors + 4) \
         if self.distractors else [[] for _ in exs]
