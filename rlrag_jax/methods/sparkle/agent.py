@@ -110,9 +110,12 @@ class Agent:
     return prompts.integration_text(s.question, chain, query, cands, self.cfg.style)
 
   # ------------------------------------------------------------------------ the reader
-  def start(self, questions: Sequence[str]) -> list:
-    """Initial states (empty context) after the reader's first thought."""
-    return self.read([State(question=q, tree=i) for i, q in enumerate(questions)])
+  def start(self, questions: Sequence[str], contexts: Optional[Sequence] = None) -> list:
+    """Initial states after the reader's first thought; the context is empty (the paper's
+    c_0) unless `contexts` gives one per question (naive RAG)."""
+    ctx = [()] * len(questions) if contexts is None else [tuple(c) for c in contexts]
+    return self.read([State(question=q, tree=i, context=c)
+                      for i, (q, c) in enumerate(zip(questions, ctx))])
 
   def read(self, states: Sequence[State]) -> list:
     """The reader's next thought for every open state, in one batched call."""
@@ -214,12 +217,18 @@ class Agent:
     return states, samples
 
   # ------------------------------------------------------------------------ whole runs
-  def run(self, questions: Sequence[str], *, greedy: bool = True) -> list:
-    """Linear inference (no branching) until every question is answered or out of steps."""
-    states = self.start(questions)
+  def run(self, questions: Sequence[str], *, greedy: bool = True,
+          contexts: Optional[Sequence] = None, retrieve: bool = True) -> list:
+    """Linear inference (no branching) until every question is answered or out of steps.
+    retrieve=False never retrieves (no proxy call): the reader alone, or naive RAG with
+    `contexts`."""
+    states = self.start(questions, contexts)
     while any(not s.done for s in states):
       open_ = [i for i, s in enumerate(states) if not s.done]
-      new, _ = self.step([states[i] for i in open_], [None] * len(open_), greedy=greedy)
+      if retrieve:
+        new, _ = self.step([states[i] for i in open_], [None] * len(open_), greedy=greedy)
+      else:
+        new = self.read([states[i] for i in open_])
       for i, s in zip(open_, new):
         states[i] = s
     return states

@@ -1,0 +1,111 @@
+"""SPARKLE's frozen reader behind one call, `reader(requests) -> [text]`, each request being
+(question, [(title, text)] context, [thoughts so far]) and each text the reader's next step:
+
+  LMReader        an in-process Flax LM (a training run dir or HF checkpoint, loaded as the
+                  config's auxiliary model `models.reader`), greedy, one batched call, stopping
+                  after its thought or answer.
+  EndpointReader  an OpenAI-compatible chat endpoint (plug-and-play: any reader, no retraining).
+                  The thoughts so far are in the user message; a failed request is an empty
+                  text (a malformed step), never an exception.
+
+Both write the paper's prompts (prompts.reader_text); a reasoning reader writes free text split
+on newlines and answers in \\boxed{}.
+"""
+from __future__ import annotations
+
+import time
+from typing import Sequence
+
+from rlrag_jax.methods.sparkle import prompts
+
+STOPS = ("</think>", "</answer>")
+
+
+class LMReader:
+
+  def __init__(self, lm, *, style: str, max_new_tokens: int = 48, chunk: int = 64,
+               passage_words: int = 0, reasoning: bool = False):
+    from rlrag_jax.rollout.policy import Policy
+    self.lm, self.tokenizer = lm, lm.tokenizer
+    self.style, self.passage_words, self.reasoning = style, int(passage_words), bool(reasoning)
+    self.chunk = max(1, int(chunk))
+    tok = self.tokenizer
+    eos = tuple(lm.config.eos_token_id or ()) or (tok.eos_token_id,)
+    from rlrag_jax.sampling import normalize_stops
+    stops = () if self.reasoning else tuple(normalize_stops(STOPS, tok))
+    self.policy = Policy(lm.config, lm.params, max_new_tokens=int(max_new_tokens), eos_ids=eos,
+                         pad_id=tok.pad_token_id or 0, stop=stops)
+    self.calls, self.rows, self.seconds = 0, 0, 0.0
+
+  def prompt_ids(self, question: str, docs: Sequence[tuple], thoughts: Sequence[str]) -> list:
+    text = prompts.reader_text(question, docs, thoughts, self.style, self.passage_words,
+                               self.reasoning)
+    return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+  def __call__(self, requests: Sequence[tuple]) -> list:
+    import jax
+    if not requests:
+      return []
+    t0 = time.perf_counter()
+    room = int(self.lm.config.max_position_embeddings) - int(self.policy.max_new_tokens)
+    ids = [self.prompt_ids(q, d, t)[-room:] for q, d, t in requests]
+    rows, _ = self.policy.sample_chunked(ids, jax.random.PRNGKey(0), chunk=self.chunk,
+                                         greedy=True)
+    from rlrag_jax.rollout.single_turn import decode_keeping_tags
+    out = [decode_keeping_tags(self.tokenizer, comp) for comp, _ in rows]
+    self.calls += 1
+    self.rows += len(requests)
+    self.seconds += time.perf_counter() - t0
+    return out
+
+
+class EndpointReader:
+
+  def __init__(self, url: str, model: str, *, style: str = "paper", max_tokens: int = 256,
+               reasoning: bool = False, passage_words: int = 0, timeout: float = 60.0,
+               api_key: str = ""):
+    base = url.rstrip("/")
+    self.url = base if base.endswith("/chat/completions") else base + "/chat/completions"
+    self.model, self.style, self.max_tokens = model, style, int(max_tokens)
+    self.reasoning, self.passage_words = bool(reasoning), int(passage_words)
+    self.timeout, self.api_key = float(timeout), api_key
+    self.calls, self.rows, self.seconds, self.failures = 0, 0, 0.0, 0
+
+  def body(self, question: str, docs: Sequence[tuple], thoughts: Sequence[str]) -> dict:
+    text = prompts.reader_text(question, docs, thoughts, self.style, self.passage_words,
+                               self.reasoning)
+    if thoughts:
+      text += "\nWrite only your next step."
+    body = {"model": self.model, "temperature": 0.0, "max_tokens": self.max_tokens,
+            "messages": [{"role": "user", "content": text}]}
+    if not self.reasoning:
+      body["stop"] = list(STOPS)
+    return body
+
+  def __call__(self, requests: Sequence[tuple]) -> list:
+    from rlrag_jax.judge import chat_completion
+    t0 = time.perf_counter()
+    out = []
+    for q, d, t in requests:
+      reply = chat_completion(self.url, self.body(q, d, t), api_key=self.api_key,
+                              timeout=self.timeout)
+      if reply is None:
+        self.failures += 1
+        reply = ""
+      elif not self.reasoning:
+        reply = _close(reply)
+      out.append(reply)
+    self.calls += 1
+    self.rows += len(requests)
+    self.seconds += time.perf_counter() - t0
+    return out
+
+
+def _close(reply: str) -> str:
+  """An endpoint drops the stop string it stopped on: close the tag it opened last."""
+  i, j = reply.rfind("<think>"), reply.rfind("<answer>")
+  if j > i and "</answer>" not in reply[j:]:
+    return reply + "</answer>"
+  if i > j and "</think>" not in reply[i:]:
+    return reply + "</think>"
+  return reply

@@ -1,0 +1,552 @@
+"""SPARKLE glue for the shared trainer. `sparkle.role` picks the model being trained:
+
+  proxy   the proxy model that plays the three agents: an SFT warm-up on the oracle's correct
+          trajectories (one sample per decision: RD at every step, QF and KI at each retrieval),
+          then PPO with a value model on binary tree rollouts (agent.py; `sparkle.rollout`
+          'tree', or 'standard' for the paper's comparison), every decision trained with its
+          Monte-Carlo return (the mean leaf reward below it). The frozen reader is the config's
+          auxiliary model `models.reader` (or an OpenAI-compatible endpoint, `sparkle.reader.url`).
+          Evaluated by the linear greedy loop of Algorithm 1 against the reader alone and naive
+          RAG: F1, EM, recall of the final context, cumulative Recall@5 per retrieval step,
+          retrievals, reasoning steps, latency.
+  reader  the frozen reader of the CPU default: SFT on the oracle reader's next thought at
+          states of oracle walks where retrievals sometimes fail or bring a distractor.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import pathlib
+import random
+import time
+
+import numpy as np
+
+from rlrag_jax import metrics
+from rlrag_jax.data import sources
+from rlrag_jax.methods.sparkle import agent as agent_lib
+from rlrag_jax.methods.sparkle import parsing, prompts, readers, rewards
+from rlrag_jax.methods.sparkle.triples import TripleStore
+from rlrag_jax.retrieval.corpus_search import CorpusSearch
+from rlrag_jax.rollout.single_turn import decode_keeping_tags
+from rlrag_jax.tasks import Episode
+
+ROLES = ("proxy", "reader")
+ROLLOUTS = ("tree", "standard")
+VARIANTS = (("llm_", "reader alone (no retrieval)"), ("naive_", "naive RAG"),
+            ("", "SPARKLE"))
+log = logging.getLogger("rlrag_jax.sparkle")
+
+
+def _plan(env: CorpusSearch, ex):
+  """The oracle's plan of an example (step gold ids as corpus ids), or None without a
+  decomposition with gold documents."""
+  steps = list(getattr(ex, "decomposition", None) or ())
+  if not steps or not any(s.gold_ids for s in steps):
+    return None
+  return prompts.Plan.of(steps, ex.triples, ex.answers[0] if ex.answers else "",
+                         [env.ids(ex, s.gold_ids) for s in steps])
+
+
+def _load_triples(path: str) -> dict:
+  """{doc id: [(head, relation, tail)]} from extract_triples' JSONL file ('' = none)."""
+  if not path:
+    return {}
+  import json
+  out = {}
+  p = pathlib.Path(path).expanduser()
+  if not p.exists():
+    raise FileNotFoundError(f"config key 'sparkle.triples_file': {p} does not exist (write it "
+                            "with python -m rlrag_jax.methods.sparkle.extract_triples)")
+  for n, line in enumerate(p.read_text().splitlines(), 1):
+    if not line.strip():
+      continue
+    try:
+      row = json.loads(line)
+      out[str(row["id"])] = [tuple(map(str, t))[:3] for t in row["triples"]]
+    except (ValueError, KeyError, TypeError) as e:
+      raise ValueError(f"{p}:{n}: expected {{'id': ..., 'triples': [[h, r, t], ...]}} ({e})") \
+          from None
+  return out
+
+
+class ProxyTask:
+  name = "sparkle"
+
+  def __init__(self, config, encoder=None):
+    self.config = config
+    s = config.sparkle
+    self.style = config.data.prompt_style
+    if s.rollout not in ROLLOUTS:
+      raise ValueError(f"config key 'sparkle.rollout' is {s.rollout!r}; expected one of "
+                       f"{ROLLOUTS}")
+    if int(config.rl.group_size) != 1:
+      raise ValueError(f"config key 'rl.group_size' is {config.rl.group_size}: SPARKLE grows one "
+                       "tree per question (set rl.group_size=1)")
+    sel = sources.select(config.data, seed=config.seed)
+    self.train, self.eval = list(sel.train), list(sel.eval)
+    self.env = CorpusSearch(config, sel, encoder)
+    self.store = TripleStore.from_records(self.env.records, self.env.encoder,
+                                          cache_dir=str(self.env.index_dir),
+                                          extracted=_load_triples(s.get("triples_file", "")))
+    self.agent_cfg = agent_lib.AgentConfig.from_config(s.agent, self.style)
+    self.reward_cfg = rewards.RewardConfig.from_config(s.reward)
+    self.depth = int(s.tree.depth)
+    self.explore = s.rollout == "tree"
+    self.max_new = {k: int(v) for k, v in dict(s.max_new).items()}
+    self.reader = None
+    self._sft = None
+    self.sft_counts = {}
+    self._baselines = {}
+    self.last_forest = {}
+    from rlrag_jax.data.tokenizer import tokenizer_for
+    self.tokenizer = tokenizer_for(config.model, config.workdir, self.tokenizer_texts, ())
+    self.use_chat = bool(config.model.chat_template and
+                         getattr(self.tokenizer, "chat_template", None))
+    r = s.reader
+    if r.get("url", ""):
+      self.reader = readers.EndpointReader(
+          r.url, r.model, style=self.style, max_tokens=int(r.get("max_tokens", 256)),
+          reasoning=self.agent_cfg.reasoning_reader, passage_words=self.agent_cfg.passage_words)
+
+  def bind_models(self, models) -> None:
+    unknown = sorted(set(models) - {"reader"})
+    if unknown:
+      raise ValueError(f"config section 'models' names {unknown}; sparkle takes only 'reader'")
+    if "reader" in models and not self.config.sparkle.reader.get("url", ""):
+      self.reader = readers.LMReader(
+          models["reader"], style=self.style, max_new_tokens=self.max_new["reader"],
+          chunk=int(self.config.eval.batch_size), passage_words=self.agent_cfg.passage_words,
+          reasoning=self.agent_cfg.reasoning_reader)
+
+  # ---------------------------------------------------------------- ids
+  def gold(self, ex) -> tuple:
+    return self.env.ids(ex, getattr(ex, "gold_ids", ()) or ())
+
+  def encode(self, text: str) -> list:
+    if self.use_chat:
+      from rlrag_jax.models import encode_prompt
+      return encode_prompt(self.tokenizer, [{"role": "user", "content": text}])
+    return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+  def target_ids(self, text: str) -> list:
+    eos = self.tokenizer.eos_token_id
+    return self.tokenizer(text, add_special_tokens=False)["input_ids"] + (
+        [eos] if eos is not None else [])
+
+  def _read(self, requests):
+    if self.reader is None:
+      raise ValueError("sparkle: no reader is bound: set config key 'models.reader.path' (a run "
+                       "dir or HF checkpoint) or 'sparkle.reader.url' (an OpenAI-compatible "
+                       "endpoint)")
+    return self.reader(requests)
+
+  def agent(self, policy, rng=None) -> agent_lib.Agent:
+    """The agent with `policy` as the proxy (sampling at its temperature unless greedy)."""
+    import jax
+    box = {"rng": rng if rng is not None else jax.random.PRNGKey(0)}
+    room = int(policy.config.max_position_embeddings)
+    chunk = max(1, int(self.config.eval.batch_size))
+
+    def propose(role, texts, greedy):
+      box["rng"], sub = jax.random.split(box["rng"])
+      n_new = self.max_new[role]
+      ids = [self.encode(t)[-(room - n_new):] for t in texts]
+      rows, _ = policy.sample_chunked(ids, sub, chunk=chunk, greedy=greedy,
+                                      max_new_tokens=n_new)
+      return [(decode_keeping_tags(self.tokenizer, comp), tuple(comp), stop == "length")
+              for comp, stop in rows]
+
+    return agent_lib.Agent(self.agent_cfg, propose=propose, read=self._read,
+                           search=self.env.search, embed=self.env.embed, store=self.store,
+                           docs=self.env.pairs, encode_forced=self.target_ids)
+
+  # ---------------------------------------------------------------- rewards
+  def score_state(self, ex, st: agent_lib.State) -> dict:
+    texts = [f"{t}: {x}" for t, x in self.env.pairs(st.context)]
+    return rewards.system_reward(context_ids=st.context, context_texts=texts,
+                                 gold_ids=self.gold(ex), prediction=st.prediction,
+                                 answers=ex.answers, cfg=self.reward_cfg)
+
+  # ---------------------------------------------------------------- SFT: oracle trajectories
+  def _build_sft(self) -> dict:
+    """{example id: [(prompt ids, target ids, None)]} from the oracle's trajectories, walked
+    for every training example in lockstep (one batched retrieval per round). Only correct
+    trajectories are kept (the paper keeps those that reach the right answer): one whose
+    retrieval misses the needed document among the candidates is dropped, and counted."""
+    cfg = self.agent_cfg
+    walks = {}
+    for ex in self.train:
+      plan = _plan(self.env, ex)
+      if plan is not None:
+        walks[str(ex.id)] = dict(ex=ex, plan=plan, ctx=[], thoughts=[], samples=[], ok=None,
+                                 retrievals=0)
+    probe = self._probe_agent()
+    for _ in range(cfg.max_steps):
+      open_ = [w for w in walks.values() if w["ok"] is None]
+      if not open_:
+        break
+      need = []
+      for w in open_:
+        t = w["plan"].thought(w["ctx"], w["thoughts"])
+        if t.kind == "answer":
+          w["ok"] = True
+          continue
+        w["thoughts"].append(t.text)
+        st = agent_lib.State(question=w["ex"].question, tree=0, context=tuple(w["ctx"]),
+                             thoughts=tuple(w["thoughts"]))
+        yes = w["plan"].decision(w["thoughts"])
+        w["samples"].append((probe.rd_prompt(st), parsing.render_decision(yes)))
+        if yes:
+          if w["retrievals"] >= cfg.max_retrievals:
+            w["ok"] = False
+            continue
+          w["retrievals"] += 1
+          need.append((w, st))
+      if need:
+        queries = []
+        for w, st in need:
+          form = w["plan"].formulation(w["thoughts"])
+          w["form"] = parsing.parse_formulation(form, "")
+          w["samples"].append((probe.qf_prompt(st), form))
+          queries.append(w["form"].query)
+        hits = self.env.search(queries, cfg.top_docs)
+        vecs = self.env.embed(queries)
+        for k, (w, st) in enumerate(need):
+          cands = self.store.candidates(vecs[k], hits[k], cfg.top_triples)
+          pick = w["plan"].selection(w["thoughts"], cands)
+          if pick is None:
+            w["ok"] = False
+            continue
+          w["samples"].append((probe.ki_prompt(st, w["form"].chain, w["form"].query, cands),
+                               parsing.render_selection(cands, pick, cfg.ki_output)))
+          if cands[pick].doc_id not in w["ctx"]:
+            w["ctx"].append(cands[pick].doc_id)
+    out, counts = {}, {"examples": len(self.train), "oracle": len(walks), "kept": 0}
+    for key, w in walks.items():
+      if w["ok"]:
+        out[key] = [(self.encode(p), self.target_ids(t), None) for p, t in w["samples"]]
+        counts["kept"] += 1
+    counts["samples"] = sum(len(v) for v in out.values())
+    self.sft_counts = counts
+    log.info("sparkle SFT: %(kept)d of %(oracle)d oracle trajectories correct "
+             "(%(samples)d samples; %(examples)d training examples)", counts)
+    return out
+
+  def _probe_agent(self) -> agent_lib.Agent:
+    """An agent used only for its prompt builders."""
+    return agent_lib.Agent(self.agent_cfg, propose=None, read=None, search=None, embed=None,
+                           store=None, docs=self.env.pairs, encode_forced=None)
+
+  def sft_samples(self, ex) -> list:
+    if self._sft is None:
+      self._sft = self._build_sft()
+    return self._sft.get(str(ex.id), [])
+
+  def prompt_ids(self, ex) -> list:
+    st = agent_lib.State(question=ex.question, tree=0)
+    return self.encode(self._probe_agent().rd_prompt(st))
+
+  def sft_target(self, ex) -> str:
+    return parsing.render_decision(True)
+
+  def sft_target_ids(self, ex) -> list:
+    return self.target_ids(self.sft_target(ex))
+
+  def tokenizer_texts(self):
+    yield prompts.RD_INSTRUCTION
+    yield prompts.QF_INSTRUCTION
+    yield prompts.KI_INSTRUCTION
+    yield parsing.YES + " " + parsing.NO + " " + parsing.CHAIN + " " + parsing.NEED + " " + \
+        parsing.QUERY + " " + parsing.UNKNOWN
+    yield prompts.decision_text("", [], [], "", self.style)
+    yield prompts.formulation_text("", [], self.style)
+    yield prompts.integration_text("", [], "", [], self.style)
+    for r in self.env.records:
+      yield f"{r.title}: {r.text}"
+      for t in r.triples:
+        yield parsing.triple_text(t)
+    for ex in list(self.train) + list(self.eval):
+      yield ex.question
+      plan = _plan(self.env, ex)
+      if plan is not None:
+        for i in range(len(plan.questions)):
+          yield plan.need(i) + " " + plan.fact(i)
+
+  # ---------------------------------------------------------------- RL: tree rollouts
+  def collect(self, policy, examples, rng, *, group_size, step):
+    """One tree (or one standard rollout) per question; one episode per proxy decision with
+    its Monte-Carlo return. The episode count is padded to a coarse bucket with silenced
+    copies so that the update compiles a bounded set of shapes."""
+    from rlrag_jax.rollout.batch import geometric_round
+    examples = list(examples)
+    ag = self.agent(policy, rng)
+
+    def reward(states):
+      return [self.score_state(examples[s.tree], s)["total"] for s in states]
+
+    forest = ag.tree([ex.question for ex in examples], depth=self.depth, reward=reward,
+                     explore=self.explore)
+    leaves = forest.leaves()
+    per_leaf = [self.score_state(examples[l.tree], l.state) for l in leaves]
+    stats = {"leaf_reward": float(np.mean([l.reward for l in leaves])),
+             "leaf_f1": float(np.mean([r["f1"] for r in per_leaf])),
+             "leaf_recall": float(np.mean([r["recall"] for r in per_leaf])),
+             "leaves": float(len(leaves)) / len(examples),
+             "pruned": float(forest.counts()["pruned"]) / len(examples),
+             "retrievals": float(np.mean([l.state.retrievals for l in leaves]))}
+    self.last_forest = dict(stats, nodes=forest.counts()["nodes"])
+    episodes, scores = [], []
+    for d in forest.decisions():
+      for smp in d.sample or ():
+        comp = list(smp.completion)
+        episodes.append(Episode(example=examples[d.tree], prompt_ids=self.encode(smp.prompt),
+                                completion_ids=comp, loss_mask=[1] * len(comp), text="",
+                                info={"group": d.group, "role": smp.role,
+                                      "forced": smp.forced}))
+        scores.append({"total": float(d.ret), f"is_{smp.role}": 1.0, **stats})
+    if not episodes:        # every question answered before any decision: nothing to learn
+      st = agent_lib.State(question=examples[0].question, tree=0)
+      comp = self.target_ids(parsing.NO)
+      episodes.append(Episode(example=examples[0],
+                              prompt_ids=self.encode(self._probe_agent().rd_prompt(st)),
+                              completion_ids=comp, loss_mask=[0] * len(comp), text="",
+                              info={"group": -1, "role": "rd", "padding": True}))
+      scores.append({"total": 0.0, **stats})
+    want = geometric_round(len(episodes), 8, per_octave=2)
+    for k in range(want - len(episodes)):
+      e = episodes[k % len(episodes)]
+      episodes.append(dataclasses.replace(e, loss_mask=[0] * len(e.loss_mask),
+                                          info={**e.info, "padding": True}))
+      scores.append(dict(scores[k % len(scores)]))
+    return episodes, scores
+
+  def rollout(self, policy, examples, rng, *, group_size=1, greedy=False):
+    """The linear loop (one episode per question: its final state; the trainer's RL loop
+    uses `collect`)."""
+    examples = list(examples)
+    states = self.agent(policy, rng).run([ex.question for ex in examples], greedy=greedy)
+    return [Episode(example=ex, prompt_ids=self.prompt_ids(ex), completion_ids=[],
+                    loss_mask=[], text=st.prediction, info={"state": st})
+            for ex, st in zip(examples, states)]
+
+  def reward(self, episode, step: int = 0) -> dict:
+    st = episode.info.get("state")
+    if st is None:
+      return {"total": 0.0}
+    return self.score_state(episode.example, st)
+
+  # ---------------------------------------------------------------- evaluation
+  def eval_rollout(self, policy, examples, rng):
+    examples = list(examples)
+    questions = [ex.question for ex in examples]
+    ag = self.agent(policy, rng)
+    runs, seconds = {}, {}
+    t0 = time.perf_counter()
+    runs[""] = ag.run(questions, greedy=True)
+    seconds[""] = (time.perf_counter() - t0) / max(1, len(examples))
+    if self.config.sparkle.eval.get("baselines", True):
+      key = tuple(str(ex.id) for ex in examples)
+      if key not in self._baselines:
+        base = {}
+        t0 = time.perf_counter()
+        base["llm_"] = (ag.run(questions, retrieve=False), None)
+        base["llm_"] = (base["llm_"][0], (time.perf_counter() - t0) / max(1, len(examples)))
+        k = int(self.config.sparkle.eval.naive_k)
+        t0 = time.perf_counter()
+        ctx = self.env.search(questions, k)
+        states = ag.run(questions, retrieve=False, contexts=ctx)
+        states = [dataclasses.replace(s, retrieved=(tuple(c),), retrievals=1)
+                  for s, c in zip(states, ctx)]
+        base["naive_"] = (states, (time.perf_counter() - t0) / max(1, len(examples)))
+        self._baselines[key] = base
+      for p, (states, secs) in self._baselines[key].items():
+        runs[p], seconds[p] = states, secs
+    return [Episode(example=ex, prompt_ids=self.prompt_ids(ex), completion_ids=[], loss_mask=[],
+                    text=runs[""][k].prediction,
+                    info={p: {"state": runs[p][k], "seconds": seconds[p]} for p in runs})
+            for k, ex in enumerate(examples)]
+
+  def eval_metrics_batch(self, episodes) -> list:
+    out = []
+    steps = int(self.config.sparkle.eval.get("recall_steps", 4))
+    for ep in episodes:
+      m = {}
+      gold = set(self.gold(ep.example))
+      for p, r in ep.info.items():
+        st = r["state"]
+        sc = self.score_state(ep.example, st)
+        m.update({f"{p}f1": sc["f1"], f"{p}em": sc["em"], f"{p}recall": sc["recall"],
+                  f"{p}reward": sc["total"], f"{p}retrievals": float(st.retrievals),
+                  f"{p}steps": float(st.steps), f"{p}answered": float(st.answer is not None),
+                  f"{p}latency_s": float(r["seconds"])})
+        if gold:
+          seen = set()
+          for t in range(steps):        # cumulative Recall@k over the first t+1 retrievals
+            if t < len(st.retrieved):
+              seen |= set(st.retrieved[t])
+            m[f"{p}recall@{self.agent_cfg.recall_k}_step{t + 1}"] = len(seen & gold) / len(gold)
+        if p == "":
+          for role in ("rd", "qf", "ki", "reader"):
+            m[f"malformed_{role}"] = float(st.malformed.count(role))
+      m["prediction"] = ep.text
+      out.append(m)
+    return out
+
+  def eval_metrics(self, episode) -> dict:
+    return self.eval_metrics_batch([episode])[0]
+
+  def report(self, workdir, rlog) -> None:
+    from rlrag_jax.methods.sparkle import report
+    report.write(self, pathlib.Path(workdir))
+
+
+class ReaderTask:
+  """The frozen reader of the CPU default: SFT on the oracle reader's next thought."""
+  name = "sparkle"
+
+  def __init__(self, config, encoder=None):
+    self.config = config
+    s = config.sparkle
+    self.style = config.data.prompt_style
+    if int(config.rl.steps) > 0:
+      raise ValueError(f"config key 'rl.steps' is {config.rl.steps}: the sparkle reader is "
+                       "trained by SFT only; set rl.steps=0")
+    sel = sources.select(config.data, seed=config.seed)
+    self.env = CorpusSearch(config, sel, encoder)
+    self.train = [ex for ex in sel.train if _plan(self.env, ex) is not None]
+    self.eval = [ex for ex in sel.eval if _plan(self.env, ex) is not None]
+    self.agent_cfg = agent_lib.AgentConfig.from_config(s.agent, self.style)
+    self.max_new = int(s.max_new.reader)
+    self.p_retrieve = float(s.reader_sft.retrieve_prob)
+    self.p_distractor = float(s.reader_sft.distractor_prob)
+    near = self.env.search([ex.question for ex in self.train], 8)
+    self._near = {str(ex.id): n for ex, n in zip(self.train, near)}
+    from rlrag_jax.data.tokenizer import tokenizer_for
+    self.tokenizer = tokenizer_for(config.model, config.workdir, self.tokenizer_texts)
+    self.use_chat = False
+
+  def prompt_ids_at(self, question, ctx, thoughts) -> list:
+    text = prompts.reader_text(question, self.env.pairs(ctx), thoughts, self.style,
+                               self.agent_cfg.passage_words)
+    return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+  def target_ids(self, t: parsing.Thought) -> list:
+    text = prompts.render_answer(t.text) if t.kind == "answer" else prompts.render_think(t.text)
+    eos = self.tokenizer.eos_token_id
+    return self.tokenizer(text, add_special_tokens=False)["input_ids"] + (
+        [eos] if eos is not None else [])
+
+  def walk(self, ex, rng: random.Random) -> list:
+    """[(context, thoughts, next thought)] along one noisy oracle walk: a need is met with
+    probability retrieve_prob (else stated again; met at the third try), and a retrieval
+    brings a distractor instead of, or besides, the gold document with distractor_prob."""
+    plan = _plan(self.env, ex)
+    gold = set(g for gs in plan.gold for g in gs)
+    noise = [d for d in self._near.get(str(ex.id), []) if d not in gold]
+    ctx, thoughts, out, tries = [], [], [], 0
+    for _ in range(self.agent_cfg.max_steps):
+      t = plan.thought(ctx, thoughts)
+      out.append((tuple(ctx), tuple(thoughts), t))
+      if t.kind == "answer":
+        break
+      thoughts.append(t.text)
+      i = plan.needed(thoughts)
+      if i is None:
+        continue
+      if noise and rng.random() < self.p_distractor:
+        d = noise.pop(0)
+        if d not in ctx:
+          ctx.append(d)
+      tries += 1
+      if rng.random() < self.p_retrieve or tries >= 3:
+        ctx += [g for g in plan.gold[i] if g not in ctx]
+        tries = 0
+    return out
+
+  def sft_samples(self, ex) -> list:
+    rng = random.Random(f"{self.config.seed}/{ex.id}")
+    return [(self.prompt_ids_at(ex.question, c, th), self.target_ids(t), None)
+            for c, th, t in self.walk(ex, rng)]
+
+  def prompt_ids(self, ex) -> list:
+    return self.prompt_ids_at(ex.question, (), ())
+
+  def sft_target(self, ex) -> str:
+    return prompts.render_think(_plan(self.env, ex).thought((), ()).text)
+
+  def sft_target_ids(self, ex) -> list:
+    return self.target_ids(_plan(self.env, ex).thought((), ()))
+
+  def tokenizer_texts(self):
+    yield prompts.READER_INSTRUCTION
+    yield prompts.reader_text("", [], [], self.style)
+    for r in self.env.records:
+      yield f"{r.title}: {r.text}"
+    for ex in list(self.train) + list(self.eval):
+      yield ex.question
+      plan = _plan(self.env, ex)
+      for i in range(len(plan.questions)):
+        yield plan.need(i) + " " + plan.fact(i)
+      yield prompts.render_answer(plan.final)
+
+  def rollout(self, policy, examples, rng, *, group_size=1, greedy=False):
+    from rlrag_jax.rollout.single_turn import single_turn
+    return single_turn(policy, examples, self.prompt_ids,
+                       lambda ids: decode_keeping_tags(self.tokenizer, ids), rng,
+                       group_size=group_size, greedy=greedy)
+
+  def reward(self, episode, step: int = 0) -> dict:
+    return {"total": 0.0}
+
+  def eval_rollout(self, policy, examples, rng):
+    """The reader under a perfect proxy: every need is met with its gold documents. Reports
+    the final answer and how often each thought equals the oracle's at that state."""
+    examples = list(examples)
+    from rlrag_jax.sampling import normalize_stops
+    pol = dataclasses.replace(policy, stop=tuple(normalize_stops(readers.STOPS,
+                                                                 self.tokenizer)))
+    plans = [_plan(self.env, ex) for ex in examples]
+    ctx = [[] for _ in examples]
+    thoughts = [[] for _ in examples]
+    answer = [None] * len(examples)
+    agree = [[] for _ in examples]
+    room = int(pol.config.max_position_embeddings) - self.max_new
+    for _ in range(self.agent_cfg.max_steps):
+      open_ = [k for k in range(len(examples)) if answer[k] is None]
+      if not open_:
+        break
+      ids = [self.prompt_ids_at(examples[k].question, ctx[k], thoughts[k])[-room:]
+             for k in open_]
+      rows, rng = pol.sample_chunked(ids, rng, chunk=max(1, int(self.config.eval.batch_size)),
+                                     greedy=True, max_new_tokens=self.max_new)
+      for k, (comp, _) in zip(open_, rows):
+        t = parsing.parse_thought(decode_keeping_tags(self.tokenizer, comp))
+        want = plans[k].thought(ctx[k], thoughts[k])
+        agree[k].append(float((t.kind, t.text) == (want.kind, want.text)))
+        if t.kind == "answer":
+          answer[k] = t.text
+          continue
+        thoughts[k].append(t.text)
+        i = plans[k].needed(thoughts[k])
+        if i is not None:
+          ctx[k] += [g for g in plans[k].gold[i] if g not in ctx[k]]
+    return [Episode(example=ex, prompt_ids=self.prompt_ids(ex), completion_ids=[], loss_mask=[],
+                    text=answer[k] or "", info={"agree": float(np.mean(agree[k] or [0.0])),
+                                                "steps": float(len(agree[k]))})
+            for k, ex in enumerate(examples)]
+
+  def eval_metrics(self, episode) -> dict:
+    return {"em": metrics.exact_match(episode.text, episode.example.answers),
+            "f1": metrics.f1(episode.text, episode.example.answers),
+            "thought_match": episode.info.get("agree", 0.0),
+            "steps": episode.info.get("steps", 0.0), "prediction": episode.text}
+
+
+def make_task(config):
+  role = config.get("sparkle", {}).get("role", "proxy")
+  if role == "proxy":
+    return ProxyTask(config)
+  if role == "reader":
+    return ReaderTask(config)
+  raise ValueError(f"config key 'sparkle.role' is {role!r}; expected one of {ROLES}")
