@@ -70,6 +70,23 @@ def _load_triples(path: str) -> dict:
   return out
 
 
+def _evidence_triples(env: CorpusSearch, examples) -> dict:
+  """2Wiki's evidence triples as the triples of the document that states them (the gold
+  context titled by the triple's head): offered only when that document is retrieved, never as
+  a question's own path."""
+  out = {}
+  for ex in examples:
+    for t in getattr(ex, "triples", None) or ():
+      for c in getattr(ex, "contexts", ()):
+        if metrics.normalize_answer(c.title) == metrics.normalize_answer(t.head):
+          for cid in env.ids(ex, [c.id]):
+            row = (t.head, t.relation, t.tail)
+            if row not in out.setdefault(cid, []):
+              out[cid].append(row)
+          break
+  return out
+
+
 class ProxyTask:
   name = "sparkle"
 
@@ -86,9 +103,11 @@ class ProxyTask:
     sel = sources.select(config.data, seed=config.seed)
     self.train, self.eval = list(sel.train), list(sel.eval)
     self.env = CorpusSearch(config, sel, encoder)
+    extracted = _evidence_triples(self.env, self.train + self.eval)
+    for doc, rows in _load_triples(s.get("triples_file", "")).items():
+      extracted[doc] = rows + [r for r in extracted.get(doc, []) if r not in rows]
     self.store = TripleStore.from_records(self.env.records, self.env.encoder,
-                                          cache_dir=str(self.env.index_dir),
-                                          extracted=_load_triples(s.get("triples_file", "")))
+                                          cache_dir=str(self.env.index_dir), extracted=extracted)
     self.agent_cfg = agent_lib.AgentConfig.from_config(s.agent, self.style)
     self.reward_cfg = rewards.RewardConfig.from_config(s.reward)
     self.depth = int(s.tree.depth)
@@ -304,7 +323,8 @@ class ProxyTask:
                                 completion_ids=comp, loss_mask=[1] * len(comp), text="",
                                 info={"group": d.group, "role": smp.role,
                                       "forced": smp.forced}))
-        scores.append({"total": float(d.ret), f"is_{smp.role}": 1.0, **stats})
+        scores.append({"total": float(d.ret), **{f"is_{r}": float(smp.role == r)
+                                                   for r in agent_lib.ROLES}, **stats})
     if not episodes:        # every question answered before any decision: nothing to learn
       st = agent_lib.State(question=examples[0].question, tree=0)
       comp = self.target_ids(parsing.NO)
@@ -312,7 +332,7 @@ class ProxyTask:
                               prompt_ids=self.encode(self._probe_agent().rd_prompt(st)),
                               completion_ids=comp, loss_mask=[0] * len(comp), text="",
                               info={"group": -1, "role": "rd", "padding": True}))
-      scores.append({"total": 0.0, **stats})
+      scores.append({"total": 0.0, **{f"is_{r}": 0.0 for r in agent_lib.ROLES}, **stats})
     want = geometric_round(len(episodes), 8, per_octave=2)
     for k in range(want - len(episodes)):
       e = episodes[k % len(episodes)]

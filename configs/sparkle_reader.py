@@ -1,0 +1,41 @@
+"""SPARKLE's frozen reader for the CPU default: a small model SFT-trained on the embedded world
+to write the next reasoning step from (context, question, thoughts so far): the fact of a step
+whose documents are in the context, else the need for it, then the answer (the oracle reader of
+rlrag_jax/methods/sparkle/prompts.py). Its training walks meet a need with probability
+`sparkle.reader_sft.retrieve_prob` and add a retrieved distractor with `distractor_prob`, so the
+reader sees unmet needs and noisy contexts. configs/sparkle.py points `models.reader` at this
+run and trains it once, on first use.
+
+  python -m rlrag_jax.train --config=configs/sparkle_reader.py
+
+Evaluated under a perfect proxy (every need met with its gold documents): answer EM / F1 and
+`thought_match`, how often a thought equals the oracle's at that state.
+
+Differences from the paper, with the reason:
+  - The paper's reader is Qwen2.5-7B-Instruct used as is (':paper' of configs/sparkle.py points
+    `models.reader.path` at such a checkpoint and trains none). A from-scratch CPU model cannot
+    reason without training, so the CPU default trains this one first.
+"""
+import ml_collections
+
+from rlrag_jax import config_base
+
+
+def get_config(arg: str = ""):
+  if arg not in ("", "default", "cpu"):
+    raise ValueError(f"configs/sparkle_reader.py: unknown preset {arg!r}; expected ''")
+  c = config_base.load_config_file("configs/sparkle.py")
+  c.workdir = "runs/sparkle_reader"
+  c.sparkle.role = "reader"
+  c.models = ml_collections.ConfigDict()
+  c.stages = ("sft",)
+  c.rl.steps = 0
+  c.rl.algo = "grpo"
+  c.sft.steps = 600
+  c.sft.batch_size = 32
+  c.sft.lr = 3e-3
+  c.sft.max_len = 512
+  c.eval.num_examples = 100
+  c.eval.max_new_tokens = 40
+  c.checkpoint.every = 600
+  return c

@@ -1,0 +1,68 @@
+"""SPARKLE's plug-and-play pieces against a local OpenAI-compatible server: the endpoint reader
+(one step per call, stop strings, a failed request read as a malformed step) and the offline
+triple extraction command (resumable, empty and failed replies counted)."""
+import json
+
+import pytest
+
+from chat_server import serve
+from rlrag_jax.data.schema import CorpusRecord
+from rlrag_jax.methods.sparkle import extract_triples, parsing, readers
+
+
+def test_endpoint_reader_asks_one_step_and_closes_the_tag_it_stopped_on():
+  replies = iter(["<think>I need X", "<answer>Paris"])
+  with serve(lambda body: next(replies)) as chat:
+    r = readers.EndpointReader(chat.url, "m", style="paper", timeout=5)
+    out = r([("Q?", [("Doc", "text")], []), ("Q?", [], ["I need X"])])
+    assert out == ["<think>I need X</think>", "<answer>Paris</answer>"]
+    assert [parsing.parse_thought(o).kind for o in out] == ["think", "answer"]
+    body = chat.bodies[0]
+    assert body["stop"] == ["</think>", "</answer>"] and body["temperature"] == 0.0
+    assert "Context: [1] Doc: text" in body["messages"][0]["content"]
+    assert "<think>I need X</think>" in chat.bodies[1]["messages"][0]["content"]
+    # A 500 (retried, then given up): an empty, malformed step; the next request still works.
+    chat.respond = lambda body: None
+    out = r([("Q?", [], [])])
+    assert out == [""] and r.failures == 1
+    chat.respond = lambda body: "<think>done</think>"
+    assert parsing.parse_thought(out[0]).kind == "malformed"
+    assert r([("Q?", [], [])]) == ["<think>done</think>"]
+
+
+def test_reasoning_endpoint_reader_sends_no_stops():
+  with serve(lambda body: "First line\n\\boxed{42}") as chat:
+    r = readers.EndpointReader(chat.url, "m", reasoning=True, timeout=5)
+    out = r([("Q?", [], [])])
+    assert "stop" not in chat.bodies[0] and "\\boxed" in chat.bodies[0]["messages"][0]["content"]
+    assert parsing.parse_thought(out[0], reasoning=True) == parsing.Thought("answer", "42")
+
+
+def test_extract_triples_is_resumable_and_counts_failures(tmp_path):
+  docs = [CorpusRecord(id=f"d{i}", title=f"T{i}", text=f"text {i}") for i in range(5)]
+
+  def respond(body):
+    text = body["messages"][0]["content"]
+    if "(T1)" in text:
+      return None                                     # fails (500)
+    if "(T2)" in text:
+      return "nothing to extract"                     # no triple: written empty
+    i = text.split("(T", 1)[1][0]
+    return f"<T{i}; has; v{i}>, <T{i}; named; n{i}>, <; bad; >"
+  out = tmp_path / "triples.jsonl"
+  with serve(respond) as chat:
+    ask = extract_triples.endpoint_ask(chat.url, "m")
+    counts = extract_triples.extract(docs, ask, out, batch=2, progress=False)
+    assert counts == {"asked": 5, "written": 4, "empty": 1, "failed": 1, "already": 0}
+    rows = {r["id"]: r["triples"] for r in map(json.loads, out.read_text().splitlines())}
+    assert rows["d0"] == [["T0", "has", "v0"], ["T0", "named", "n0"]] and rows["d2"] == []
+    assert "d1" not in rows
+    # The rerun asks only the failed document.
+    asked = len(chat.bodies)
+    chat.respond = lambda body: "<T1; has; v1>"
+    counts = extract_triples.extract(docs, ask, out, progress=False)
+    assert counts["asked"] == 1 and counts["already"] == 4 and len(chat.bodies) == asked + 1
+  assert extract_triples.read_done(out)["d1"] == [["T1", "has", "v1"]]
+  (tmp_path / "bad.jsonl").write_text('{"id": "x"}\n')
+  with pytest.raises(ValueError, match="bad.jsonl:1"):
+    extract_triples.read_done(tmp_path / "bad.jsonl")
