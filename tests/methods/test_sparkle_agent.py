@@ -24,8 +24,8 @@ class Scripted:
     self.by_title = {r.title: r.id for r in w.corpus}
     self.plans = {ex.question: prompts.Plan.of(ex.decomposition, ex.triples, ex.answers[0])
                   for ex in examples}
-    self.step_docs = {q: p.gold[i] for p in self.plans.values()
-                      for i, q in enumerate(p.questions) if p.gold[i]}
+    self.step_docs = {p.query(i): p.gold[i] for p in self.plans.values()
+                      for i in range(len(p.questions)) if p.gold[i]}
     self.others = [r.id for r in w.corpus[:50]]
     self.search_hits = search_hits
     self.read_calls = 0

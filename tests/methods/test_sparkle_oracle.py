@@ -71,11 +71,14 @@ def test_role_targets_follow_the_latest_thought(w):
   th = [plan.need(0)]
   assert plan.decision(th) and plan.needed(th) == 0
   f = parsing.parse_formulation(plan.formulation(th), "x")
-  assert f.well_formed and f.query == plan.questions[0]
+  t0 = ex.triples[0]
+  assert f.well_formed and f.query == f"{t0.head} {t0.relation.replace('_', ' ')}"
+  # A need names its fact by the path triple, whatever wording the step's question has.
+  assert th[0] == f"{prompts.NEED_PREFIX} <{t0.head}; {t0.relation}; ?>"
   assert f.chain == ((ex.triples[0].head, ex.triples[0].relation, parsing.UNKNOWN),)
   th = [plan.need(0), plan.fact(0), plan.need(1)]
   f = parsing.parse_formulation(plan.formulation(th), "x")
-  t0, t1 = ex.triples[0], ex.triples[1]
+  t1 = ex.triples[1]
   assert f.chain == ((t0.head, t0.relation, t0.tail), (t1.head, t1.relation, parsing.UNKNOWN))
   assert not plan.decision(th[:2]) and plan.formulation(th[:2]) is None
   assert plan.selection(th[:2], [Candidate("a", "b", "c", "d")]) is None

@@ -9,14 +9,17 @@ references to earlier answers, each with the gold documents that answer it) and 
 path triples (`Example.triples`, one per step that has gold documents, in step order):
 
   reader   at a state (context documents, thoughts so far) the next thought is, for the first
-           step not yet stated whose references are stated: its fact, "From the context: <step
-           question> <answer>.", when its gold documents are all in the context; else the need,
-           "I need to find out: <step question>". When every step with gold documents is stated
-           the reader answers. A need the context does not meet is stated again (the reader
-           cannot go on without it), so a declined retrieval costs a reasoning step.
+           step not yet stated whose references are stated: its fact, "From the context:
+           <head; relation; answer>", when its gold documents are all in the context; else the
+           need, "I need to find out: <head; relation; ?>" (a step without a path triple says
+           its question instead). When every step with gold documents is stated the reader
+           answers. A need the context does not meet is stated again (the reader cannot go on
+           without it), so a declined retrieval costs a reasoning step. Thoughts name facts by
+           their triple, one wording per fact: the decomposition's questions vary in wording,
+           which no model could predict from what it sees.
   RD       "Yes" after a need thought, "No" after any other.
   QF       the chain of stated steps' path triples plus the open link <head; relation;
-           [unknown]> of the needed step; the need; the step question as the query.
+           [unknown]> of the needed step; the need; "head relation" as the query.
   KI       the candidate equal to the needed step's path triple, else the first candidate from
            one of the step's gold documents; none when no candidate comes from them.
 """
@@ -200,10 +203,25 @@ class Plan:
                      for s in decomposition), answer)
 
   def fact(self, i: int) -> str:
+    t = self.triples[i]
+    if t is not None:
+      return f"{FACT_PREFIX} {parsing.triple_text((t[0], t[1], self.answers[i]))}"
     return f"{FACT_PREFIX} {self.questions[i]} {self.answers[i]}."
 
   def need(self, i: int) -> str:
+    t = self.triples[i]
+    if t is not None:
+      return f"{NEED_PREFIX} {parsing.triple_text((t[0], t[1], '?'))}"
     return f"{NEED_PREFIX} {self.questions[i]}"
+
+  def query(self, i: int) -> str:
+    """The oracle's retrieval query for step i: the head and relation of its path triple
+    (one wording per fact; the decomposition's questions vary in wording), else the step's
+    question."""
+    t = self.triples[i]
+    if t is not None:
+      return f"{t[0]} {t[1].replace('_', ' ')}"
+    return self.questions[i]
 
   def stated(self, thoughts: Sequence[str]) -> set:
     said = set(thoughts)
@@ -249,7 +267,7 @@ class Plan:
     t = self.triples[i]
     if t is not None:
       chain.append((t[0], t[1], parsing.UNKNOWN))
-    return parsing.render_formulation(chain, self.questions[i], self.questions[i])
+    return parsing.render_formulation(chain, self.query(i) + "?", self.query(i))
 
   def selection(self, thoughts: Sequence[str], candidates: Sequence) -> Optional[int]:
     """The index of the KI target among `candidates` (objects with head/relation/tail and

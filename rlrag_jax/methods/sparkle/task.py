@@ -113,6 +113,7 @@ class ProxyTask:
     self.depth = int(s.tree.depth)
     self.explore = s.rollout == "tree"
     self.max_new = {k: int(v) for k, v in dict(s.max_new).items()}
+    self.positions = int(config.model.max_position_embeddings)   # the policy's, once bound
     self.reader = None
     self._sft = None
     self.sft_counts = {}
@@ -153,6 +154,12 @@ class ProxyTask:
     return self.tokenizer(text, add_special_tokens=False)["input_ids"] + (
         [eos] if eos is not None else [])
 
+  def role_prompt_ids(self, role: str, text: str) -> list:
+    """A role's prompt ids, keeping the last tokens when the prompt and the role's longest
+    output would not fit the model's positions (the same ids are sampled and trained on)."""
+    room = self.positions - self.max_new[role]
+    return self.encode(text)[-room:]
+
   def _read(self, requests):
     if self.reader is None:
       raise ValueError("sparkle: no reader is bound: set config key 'models.reader.path' (a run "
@@ -163,14 +170,14 @@ class ProxyTask:
   def agent(self, policy, rng=None) -> agent_lib.Agent:
     """The agent with `policy` as the proxy (sampling at its temperature unless greedy)."""
     import jax
+    self.positions = int(policy.config.max_position_embeddings)
     box = {"rng": rng if rng is not None else jax.random.PRNGKey(0)}
-    room = int(policy.config.max_position_embeddings)
     chunk = max(1, int(self.config.eval.batch_size))
 
     def propose(role, texts, greedy):
       box["rng"], sub = jax.random.split(box["rng"])
       n_new = self.max_new[role]
-      ids = [self.encode(t)[-(room - n_new):] for t in texts]
+      ids = [self.role_prompt_ids(role, t) for t in texts]
       rows, _ = policy.sample_chunked(ids, sub, chunk=chunk, greedy=greedy,
                                       max_new_tokens=n_new)
       return [(decode_keeping_tags(self.tokenizer, comp), tuple(comp), stop == "length")
@@ -319,7 +326,8 @@ class ProxyTask:
     for d in forest.decisions():
       for smp in d.sample or ():
         comp = list(smp.completion)
-        episodes.append(Episode(example=examples[d.tree], prompt_ids=self.encode(smp.prompt),
+        episodes.append(Episode(example=examples[d.tree],
+                                prompt_ids=self.role_prompt_ids(smp.role, smp.prompt),
                                 completion_ids=comp, loss_mask=[1] * len(comp), text="",
                                 info={"group": d.group, "role": smp.role,
                                       "forced": smp.forced}))

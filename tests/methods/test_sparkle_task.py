@@ -1,0 +1,159 @@
+"""SPARKLE through the shared trainer: the CPU default shrunk (the reader trained once from its
+own config, the proxy's oracle SFT, tree-rollout PPO with a critic, the report, kill and
+resume), the standard-rollout switch, and the ':paper' preset shrunk onto tiny HF checkpoints
+and the real data samples."""
+import json
+
+import ml_collections
+import pytest
+
+from rlrag_jax import config_base, trainer
+from rlrag_jax.methods.sparkle import parsing
+from rlrag_jax.methods.sparkle import task as sparkle_task
+
+pytestmark = pytest.mark.slow
+
+WORLD = dict(num_countries=6, num_cities=24, num_people=80, num_orgs=20, num_films=40,
+             num_books=40, num_questions=300, hop_mix=(1.0, 0.0, 0.0))
+
+
+def _small(c, workdir):
+  c.workdir = str(workdir)
+  c.data.world = config_base.world_config(**WORLD)
+  c.data.max_eval = 6
+  c.model.update(dict(hidden_size=64, intermediate_size=128, num_layers=2, num_heads=2,
+                      num_kv_heads=1, head_dim=32, vocab_size=1024))
+  c.sft.update(dict(steps=4, batch_size=8))
+  c.eval.update(dict(num_examples=6, batch_size=6))
+  c.sparkle.max_new.update(dict(rd=4, qf=24, ki=12, reader=16))
+  c.sparkle.agent.update(dict(max_steps=4, top_docs=4, top_triples=6))
+  c.checkpoint.every = 1
+  return c
+
+
+def _reader_cfg(workdir):
+  c = _small(config_base.load_config_file("configs/sparkle_reader.py"), workdir)
+  c.sft.steps = 3
+  return c
+
+
+def _proxy_cfg(workdir, reader):
+  c = _small(config_base.load_config_file("configs/sparkle.py"), workdir)
+  c.models.reader = ml_collections.ConfigDict(dict(path=str(reader)))
+  c.rl.update(dict(steps=3, prompts_per_step=2, max_new_tokens=24))
+  c.sparkle.tree.depth = 2
+  return c
+
+
+@pytest.fixture(scope="module")
+def reader(tmp_path_factory):
+  path = tmp_path_factory.mktemp("reader") / "run"
+  res = trainer.run(_reader_cfg(path), progress=False)
+  assert {"em", "f1", "thought_match"} <= set(res.after["all"])
+  return path
+
+
+def test_tree_ppo_trains_reports_and_resumes(tmp_path, reader):
+  whole = trainer.run(_proxy_cfg(tmp_path / "whole", reader), progress=False)
+  after, before = whole.after["all"], whole.before["all"]
+  for p in ("", "llm_", "naive_"):
+    for key in ("f1", "em", "recall", "reward"):
+      assert 0.0 <= after[f"{p}{key}"] <= 1.0 and 0.0 <= before[f"{p}{key}"] <= 1.0
+    assert after[f"{p}steps"] <= 4
+  assert after["naive_retrievals"] == 1 and after["llm_retrievals"] == 0
+  # cumulative recall never falls from one step to the next
+  for p in ("", "naive_"):
+    r = [after[f"{p}recall@5_step{t}"] for t in range(1, 5)]
+    assert r == sorted(r)
+  report = (tmp_path / "whole" / "sparkle_report.txt").read_text()
+  for name in ("SFT only", "tree-rollout PPO", "reader alone", "naive RAG", "SPARKLE", "R@5 s1",
+               "SFT warm-up"):
+    assert name in report
+  rows = [json.loads(l) for l in (tmp_path / "whole" / "metrics.jsonl").open()]
+  rl = [r for r in rows if r.get("stage") == "rl"]
+  assert len(rl) == 3
+  for r in rl:
+    assert "vf/loss" in r and "reward/leaf_reward" in r and "reward/is_rd" in r
+    assert r["reward/is_rd"] > 0              # every tree decides at least once
+  # killed after the second RL step, then resumed: the same final evaluation
+  sft = 4
+  assert trainer.run(_proxy_cfg(tmp_path / "cut", reader), progress=False,
+                     stop_after=sft + 2) is None
+  resumed = trainer.run(_proxy_cfg(tmp_path / "cut", reader), progress=False, resume=True)
+  strip = lambda d: {k: v for k, v in d.items() if "latency" not in k}
+  assert strip(resumed.after["all"]) == pytest.approx(strip(whole.after["all"]))
+
+
+def test_standard_rollout_switch_and_sft_samples(tmp_path, reader):
+  c = _proxy_cfg(tmp_path / "std", reader)
+  c.sparkle.rollout = "standard"
+  c.rl.steps = 1
+  res = trainer.run(c, progress=False)
+  assert "standard-rollout PPO" in (tmp_path / "std" / "sparkle_report.txt").read_text()
+  assert res.after["all"]["n"] == 6
+  t = sparkle_task.make_task(c)
+  ex = next(ex for ex in t.train if t.sft_samples(ex))
+  targets = [t.tokenizer.decode(tgt, skip_special_tokens=True) for _, tgt, _ in
+             t.sft_samples(ex)]
+  assert parsing.YES in targets[0] and parsing.QUERY in targets[1]
+  assert t.sft_counts["kept"] <= t.sft_counts["oracle"] <= len(t.train)
+  c.sparkle.rollout = "sideways"
+  with pytest.raises(ValueError, match="sparkle.rollout"):
+    sparkle_task.make_task(c)
+
+
+def test_reader_is_trained_once_from_its_config(tmp_path):
+  cfg_file = tmp_path / "reader_cfg.py"
+  cfg_file.write_text(
+      "from rlrag_jax import config_base\n"
+      "def get_config(arg=''):\n"
+      "  c = config_base.load_config_file('configs/sparkle_reader.py')\n"
+      f"  c.data.world = config_base.world_config(**{WORLD!r})\n"
+      "  c.model.update(dict(hidden_size=64, intermediate_size=128, num_layers=2, num_heads=2,"
+      " num_kv_heads=1, head_dim=32, vocab_size=1024))\n"
+      "  c.sft.update(dict(steps=2, batch_size=8))\n"
+      "  c.eval.update(dict(num_examples=4, batch_size=4))\n"
+      "  c.sparkle.agent.max_steps = 4\n"
+      "  return c\n")
+  rd = tmp_path / "reader"
+  c = _proxy_cfg(tmp_path / "a", rd)
+  c.models.reader.train_config = str(cfg_file)
+  c.rl.steps, c.sft.steps = 1, 1
+  trainer.run(c, progress=False)
+  stamp = (rd / "eval_summary.json").stat().st_mtime_ns
+  c.workdir = str(tmp_path / "b")
+  trainer.run(c, progress=False)
+  assert (rd / "eval_summary.json").stat().st_mtime_ns == stamp
+
+
+def test_paper_preset_runs_on_real_data(tmp_path, shared_data_dir):
+  pytest.importorskip("torch")
+  from hf_tiny import make_tiny_checkpoint
+  policy = make_tiny_checkpoint(tmp_path, "qwen2", max_position_embeddings=4096, name="policy")
+  reader = make_tiny_checkpoint(tmp_path, "llama", seed=1, max_position_embeddings=4096,
+                                name="reader")
+  c = config_base.load_config_file("configs/sparkle.py:paper")
+  c.workdir, c.model.path, c.data.dir = str(tmp_path / "run"), str(policy), ""
+  c.models.reader.path = str(reader)
+  c.data.mix = ("hotpotqa:train",)          # the samples hold no 2Wiki or NQ train split
+  c.data.eval_mix = ("2wiki:dev", "hotpotqa:dev")
+  c.data.max_train, c.data.max_eval = 4, 4
+  c.retrieval.backend = "exact"
+  c.sft.steps = 1
+  c.rl.update(dict(steps=1, prompts_per_step=2, max_new_tokens=6))
+  c.sparkle.tree.depth = 1
+  c.sparkle.agent.update(dict(max_steps=2))
+  c.sparkle.max_new.update(dict(rd=3, qf=6, ki=6, reader=6))
+  c.eval.update(dict(num_examples=4, max_new_tokens=6, batch_size=4))
+  c.checkpoint.every = 1
+  c.model.attention_block = 64
+  res = trainer.run(c, progress=False)
+  assert res.after["all"]["n"] == 4 and "recall@5_step1" in res.after["all"]
+  t = sparkle_task.make_task(c)
+  assert all(t.gold(ex) for ex in t.train + t.eval)       # gold paragraphs found in the corpus
+  # 2Wiki's evidences became triples of the documents that state them
+  two = [ex for ex in t.eval if ex.source == "2wiki" and ex.triples]
+  assert two
+  heads = {tr.head for tr in two[0].triples}
+  docs = [d for d in t.env.records if d.title in heads]
+  assert any(t.store.doc_triples(d.id) for d in docs)
