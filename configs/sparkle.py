@@ -29,8 +29,10 @@ Presets (`get_config(arg)`):
            preset mixes HotpotQA and 2Wiki).
 
 Differences from the paper, with the reason:
-  - The SFT data is the world oracle's trajectories (prompts.py), not a 72B proxy's; on real
-    data a run needs trajectories collected from a stronger proxy (not built yet).
+  - The SFT data on the world is the oracle's trajectories (prompts.py). On real data,
+    `python -m rlrag_jax.methods.sparkle.trajectories` collects a stronger proxy's through an
+    OpenAI-compatible endpoint (the paper: Qwen2.5-72B-Instruct) and keeps the correct ones;
+    `sparkle.sft_trajectories` points the warm-up at them. Without either, set sft.steps=0.
   - Values from the authors' released OpenRLHF-based code (training_script.sh and its PPO CLI
     defaults), not in the paper: clip 0.2, value clip 0.2, GAE λ 0.95, γ 1, the k1 KL estimator,
     temperature 1.0, 160 generated tokens per call. Their code adds the KL to the per-token
@@ -70,6 +72,7 @@ def base_config() -> ml_collections.ConfigDict:
       # An OpenAI-compatible reader instead of models.reader (plug-and-play: any reader).
       reader=ml_collections.ConfigDict(dict(url="", model="", max_tokens=256)),
       triples_file="",                    # extract_triples' JSONL for a corpus without triples
+      sft_trajectories="",                # trajectories.py's JSONL: SFT on a stronger proxy's
       eval=ml_collections.ConfigDict(dict(naive_k=5, baselines=True, recall_steps=4)),
       reader_sft=ml_collections.ConfigDict(dict(retrieve_prob=0.75, distractor_prob=0.3))))
   c.models.reader = ml_collections.ConfigDict(dict(
@@ -104,9 +107,10 @@ def get_config(arg: str = ""):
     c.sft.lr = 3e-3
     c.sft.max_len = 512
     c.sft.pack_bucket = 64
+    c.sft.prompt_loss = 0.3             # LM loss on the prompts too: its only pretraining
     c.rl.steps = 30
     c.rl.prompts_per_step = 4
-    c.rl.lr = 5e-5
+    c.rl.lr = 1e-4
     c.rl.ppo.vf_lr = 5e-4
     c.rl.max_new_tokens = 72
     c.rl.pack_bucket = 64

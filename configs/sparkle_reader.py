@@ -35,6 +35,7 @@ def get_config(arg: str = ""):
   c.sft.batch_size = 32
   c.sft.lr = 3e-3
   c.sft.max_len = 512
+  c.sft.prompt_loss = 0.3     # LM loss on the context and question too: its only pretraining
   c.eval.num_examples = 100
   c.eval.max_new_tokens = 40
   c.checkpoint.every = 600

@@ -66,3 +66,49 @@ def test_extract_triples_is_resumable_and_counts_failures(tmp_path):
   (tmp_path / "bad.jsonl").write_text('{"id": "x"}\n')
   with pytest.raises(ValueError, match="bad.jsonl:1"):
     extract_triples.read_done(tmp_path / "bad.jsonl")
+
+
+def test_trajectories_from_an_endpoint_proxy_keep_the_correct_ones(tmp_path):
+  """The world oracle behind a chat endpoint plays the stronger proxy; a scripted reader and
+  retriever stand in for the task's. Correct trajectories are read back as SFT samples."""
+  import types
+  from rlrag_jax.data import world
+  from rlrag_jax.methods.sparkle import agent as agent_lib
+  from rlrag_jax.methods.sparkle import rewards, trajectories
+  from rlrag_jax.methods.sparkle.triples import TripleStore
+  from test_sparkle_agent import Scripted
+  from test_sparkle_oracle import HashEncoder
+  w = world.build(seed=0)
+  examples = w.split("train")[:4]
+  s = Scripted(w, examples)
+  cue = {"Retrieve?": "rd", "Query:": "qf", "Select:": "ki"}
+
+  def respond(body):
+    text = body["messages"][0]["content"]
+    if "Lantern" in text or examples[1].question in text:
+      return "I refuse"                          # the second question goes wrong
+    role = next(r for c, r in cue.items() if text.rstrip().endswith(c))
+    return s.propose(role, [text], True)[0][0]
+  enc = HashEncoder()
+  cfg = agent_lib.AgentConfig(max_steps=12, top_triples=60)
+  gold = {ex.question: ex for ex in examples}
+  task = types.SimpleNamespace(
+      agent_cfg=cfg, _read=s.read, env=types.SimpleNamespace(search=s.search, embed=enc.encode,
+                                                             pairs=s.docs),
+      store=TripleStore.from_records(w.corpus, enc), target_ids=lambda t: [1],
+      score_state=lambda ex, st: rewards.system_reward(
+          context_ids=st.context, context_texts=[], gold_ids=ex.gold_ids,
+          prediction=st.prediction, answers=ex.answers, cfg=rewards.RewardConfig()))
+  out = tmp_path / "traj.jsonl"
+  with serve(respond) as chat:
+    propose = trajectories.endpoint_proposer(chat.url, "m", {"rd": 8, "qf": 64, "ki": 32})
+    counts = trajectories.collect(task, examples, propose, out, batch=2, progress=False)
+    assert counts == {"asked": 4, "correct": 3, "already": 0}
+    assert trajectories.collect(task, examples, propose, out, progress=False)["asked"] == 0
+  got = trajectories.read(out)
+  assert set(got) == {str(ex.id) for k, ex in enumerate(examples) if k != 1}
+  roles = [r for r, _, _ in got[str(examples[0].id)]]
+  assert roles[:3] == ["rd", "qf", "ki"] and set(roles) == {"rd", "qf", "ki"}
+  first = got[str(examples[0].id)]
+  assert first[0][2] == parsing.YES and parsing.QUERY in first[1][2]
+  assert gold[examples[0].question].answers

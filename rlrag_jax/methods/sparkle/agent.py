@@ -83,6 +83,7 @@ class Sample:
   prompt: str
   completion: tuple
   forced: bool = False
+  text: str = ""              # the completion's text
 
 
 class Agent:
@@ -155,16 +156,16 @@ class Agent:
       outs = self.propose("rd", [self.rd_prompt(states[i]) for i in decide], greedy)
       for i, (text, ids, _) in zip(decide, outs):
         d = parsing.parse_decision(text, default=cfg.rd_default)
-        samples[i].append(Sample("rd", self.rd_prompt(states[i]), tuple(ids)))
+        samples[i].append(Sample("rd", self.rd_prompt(states[i]), tuple(ids), text=text))
         if not d.well_formed:
           states[i] = dataclasses.replace(states[i], malformed=states[i].malformed + ("rd",))
         if d.retrieve:
           yes.add(i)
     for i, a in enumerate(actions):
       if a is not None and self.can_retrieve(states[i]):
+        text = parsing.render_decision(bool(a))
         samples[i].append(Sample("rd", self.rd_prompt(states[i]),
-                                 tuple(self.encode_forced(parsing.render_decision(bool(a)))),
-                                 forced=True))
+                                 tuple(self.encode_forced(text)), forced=True, text=text))
         if a:
           yes.add(i)
     yes = sorted(yes)
@@ -177,7 +178,7 @@ class Agent:
         fallback = s.thoughts[-1] if s.thoughts else s.question
         f = parsing.parse_formulation(text, fallback)
         forms[i] = f
-        samples[i].append(Sample("qf", self.qf_prompt(s), tuple(ids)))
+        samples[i].append(Sample("qf", self.qf_prompt(s), tuple(ids), text=text))
         if not f.well_formed:
           states[i] = dataclasses.replace(s, malformed=s.malformed + ("qf",))
       queries = [forms[i].query for i in yes]
@@ -193,7 +194,7 @@ class Agent:
         outs = self.propose("ki", [kp[i] for i in ask], greedy)
         for i, (text, ids, _) in zip(ask, outs):
           sel = parsing.parse_selection(text, cands[i], fallback=cfg.ki_fallback)
-          samples[i].append(Sample("ki", kp[i], tuple(ids)))
+          samples[i].append(Sample("ki", kp[i], tuple(ids), text=text))
           picks[i] = sel.index
           if not sel.well_formed:
             states[i] = dataclasses.replace(states[i], malformed=states[i].malformed + ("ki",))
@@ -218,15 +219,21 @@ class Agent:
 
   # ------------------------------------------------------------------------ whole runs
   def run(self, questions: Sequence[str], *, greedy: bool = True,
-          contexts: Optional[Sequence] = None, retrieve: bool = True) -> list:
+          contexts: Optional[Sequence] = None, retrieve: bool = True,
+          samples: Optional[list] = None) -> list:
     """Linear inference (no branching) until every question is answered or out of steps.
     retrieve=False never retrieves (no proxy call): the reader alone, or naive RAG with
-    `contexts`."""
+    `contexts`. A `samples` list receives, per question, the proxy decisions it made."""
     states = self.start(questions, contexts)
+    if samples is not None:
+      samples[:] = [[] for _ in questions]
     while any(not s.done for s in states):
       open_ = [i for i, s in enumerate(states) if not s.done]
       if retrieve:
-        new, _ = self.step([states[i] for i in open_], [None] * len(open_), greedy=greedy)
+        new, made = self.step([states[i] for i in open_], [None] * len(open_), greedy=greedy)
+        if samples is not None:
+          for i, m in zip(open_, made):
+            samples[i].extend(m)
       else:
         new = self.read([states[i] for i in open_])
       for i, s in zip(open_, new):

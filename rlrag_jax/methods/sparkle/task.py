@@ -265,8 +265,19 @@ class ProxyTask:
                            store=None, docs=self.env.pairs, encode_forced=None)
 
   def sft_samples(self, ex) -> list:
+    """The oracle's correct trajectory on the world; with `sparkle.sft_trajectories`, the
+    correct trajectories a stronger proxy wrote (trajectories.py)."""
     if self._sft is None:
-      self._sft = self._build_sft()
+      path = self.config.sparkle.get("sft_trajectories", "")
+      if path:
+        from rlrag_jax.methods.sparkle import trajectories
+        got = trajectories.read(path)
+        self._sft = {k: [(self.role_prompt_ids(role, p), self.target_ids(t), None)
+                         for role, p, t in v] for k, v in got.items()}
+        self.sft_counts = {"examples": len(self.train), "oracle": len(got), "kept": len(got),
+                           "samples": sum(len(v) for v in got.values())}
+      else:
+        self._sft = self._build_sft()
     return self._sft.get(str(ex.id), [])
 
   def prompt_ids(self, ex) -> list:
