@@ -37,12 +37,12 @@ class Scripted:
     return m.group(1) if m else ""
 
   def thoughts(self, prompt, role):
-    if role == "rd":
+    if role == "rd" or "Current Reasoning Step" in prompt:
       prev = re.search(r"Previous Reasoning: (.*?)\nCurrent Reasoning Step: (.*?)\n", prompt,
                        re.S)
       lines = [] if prev.group(1) == "(none)" else [l[2:] for l in prev.group(1).split("\n")]
       return lines + [prev.group(2)]
-    body = re.search(r"Thoughts: (.*?)\nQuery:", prompt, re.S).group(1)
+    body = re.search(r"Thoughts: (.*?)\n(?:Direct query|Query):", prompt, re.S).group(1)
     return [] if body == "(none)" else [l[2:] for l in body.split("\n")]
 
   def propose(self, role, texts, greedy):
@@ -53,7 +53,19 @@ class Scripted:
       if role == "rd":
         text = parsing.render_decision(plan.decision(self.thoughts(p, "rd")))
       elif role == "qf":
-        text = plan.formulation(self.thoughts(p, "qf")) or ""
+        text = plan.formulation(self.thoughts(p, "qf"),
+                                direct=p.rstrip().endswith("Direct query:")) or ""
+      elif "Candidate Documents:" in p:
+        # Direct KI: the needed step is the first whose link the chain has not filled.
+        titles = re.findall(r"^\[\d+\] (.*?): ", p, re.M)
+        chain = parsing.parse_triples(self.field(p, "Reasoning Chain"))
+        step = sum(t[2] != parsing.UNKNOWN for t in chain)
+        gold_steps = [g for g in plan.gold if g]
+        text = "[1]"
+        for k, t in enumerate(titles):
+          if step < len(gold_steps) and self.by_title.get(t) in gold_steps[step]:
+            text = f"[{k + 1}]"
+            break
       else:
         cands = [parsing.parse_triples(l)[0] for l in p.split("\n")
                  if re.match(r"^\[\d+\] <", l)]
@@ -209,3 +221,32 @@ def test_standard_rollout_is_one_sampled_path_per_question(w, store):
   assert len(forest.leaves()) == 3
   assert all(d.action is None for d in forest.decisions())
   assert [l.reward for l in forest.leaves()] == [1.0, 1.0, 1.0]
+
+
+@pytest.mark.parametrize("mode", [dict(rd_mode="reader"), dict(qf_mode="direct"),
+                                  dict(qf_mode="rd"), dict(ki_mode="document"),
+                                  dict(ki_mode="all", all_docs=3)])
+def test_agent_ablations_run_with_the_oracle_and_make_their_own_samples(w, store, mode):
+  examples = [ex for ex in w.split("train")[:12] if ex.hops == 2][:4]
+  a, s = make(w, store, examples, agent_lib.AgentConfig(max_steps=12, top_triples=60, **mode))
+  made = []
+  states = a.run([ex.question for ex in examples], samples=made)
+  for ex, st, smp in zip(examples, states, made):
+    roles = [x.role for x in smp]
+    assert st.prediction == ex.answers[0] and set(ex.gold_ids) <= set(st.context)
+    assert ("rd" in roles) == (mode.get("rd_mode", "agent") == "agent")
+    assert ("ki" in roles) == (mode.get("ki_mode") != "all")
+    if mode.get("ki_mode") == "all":   # every retrieved document joined the context
+      assert len(st.context) > len(set(ex.gold_ids))
+    if mode.get("qf_mode") == "rd":    # the query comes from the RD prompt, after its "Yes"
+      assert all(x.prompt.endswith(parsing.YES + "\n") for x in smp if x.role == "qf")
+    if mode.get("qf_mode") == "direct":
+      assert all(parsing.CHAIN not in x.text for x in smp if x.role == "qf")
+  if mode.get("rd_mode") == "reader":  # no decision to force: the tree is one path
+    forest = a.tree([ex.question for ex in examples], depth=2, reward=recall_reward(examples))
+    assert len(forest.leaves()) == len(examples)
+
+
+def test_unknown_ablation_values_are_rejected():
+  with pytest.raises(ValueError, match="sparkle.agent.ki_mode"):
+    agent_lib.AgentConfig(ki_mode="sometimes")

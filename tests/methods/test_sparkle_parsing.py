@@ -158,3 +158,12 @@ def test_reward_config_rejects_bad_values():
     rewards.RewardConfig(weighting="other")
   with pytest.raises(ValueError, match="alpha"):
     rewards.RewardConfig(alpha=1.5)
+
+
+@pytest.mark.parametrize("text,index", [("[2]", 1), ("3", 2), ("The Silent Coast", 0),
+                                        ("  the silent coast: a film", 0), ("Silent", None)])
+def test_direct_ki_names_a_document_by_number_or_title(text, index):
+  titles = ["The Silent Coast", "Tamnal Quilothsyl", "Rekrhu"]
+  s = parsing.parse_document(text, titles, fallback=None)
+  assert s.index == index and s.well_formed == (index is not None)
+  assert parsing.parse_document("??", titles).index == 0

@@ -25,6 +25,9 @@ from rlrag_jax.methods.sparkle import parsing, prompts
 from rlrag_jax.rollout import tree as tree_lib
 
 ROLES = ("rd", "qf", "ki")
+RD_MODES = ("agent", "reader")
+QF_MODES = ("chain", "direct", "rd")
+KI_MODES = ("triple", "document", "all")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,6 +43,17 @@ class AgentConfig:
   reasoning_reader: bool = False
   style: str = "compact"
   passage_words: int = 0
+  # The paper's agent ablations (Table 4):
+  rd_mode: str = "agent"        # 'reader': w/o RD, the reader's own thought asks for a search
+  qf_mode: str = "chain"        # 'direct': no reasoning chain; 'rd': w/o QF, RD writes it
+  ki_mode: str = "triple"       # 'document': direct KI selects a document; 'all': w/o KI
+  all_docs: int = 0             # 'all': documents appended per retrieval (0: top_docs)
+
+  def __post_init__(self):
+    for key, allowed in (("rd_mode", RD_MODES), ("qf_mode", QF_MODES), ("ki_mode", KI_MODES)):
+      if getattr(self, key) not in allowed:
+        raise ValueError(f"config key 'sparkle.agent.{key}' is {getattr(self, key)!r}; expected "
+                         f"one of {allowed}")
 
   @classmethod
   def from_config(cls, section, style: str) -> "AgentConfig":
@@ -51,7 +65,11 @@ class AgentConfig:
                ki_fallback=0 if fb == "top" else None,
                ki_output=str(section.get("ki_output", "triple")),
                reasoning_reader=bool(section.get("reasoning_reader", False)), style=style,
-               passage_words=int(section.get("passage_words", 0) or 0))
+               passage_words=int(section.get("passage_words", 0) or 0),
+               rd_mode=str(section.get("rd_mode", "agent")),
+               qf_mode=str(section.get("qf_mode", "chain")),
+               ki_mode=str(section.get("ki_mode", "triple")),
+               all_docs=int(section.get("all_docs", 0) or 0))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,10 +123,21 @@ class Agent:
                                  self.cfg.passage_words)
 
   def qf_prompt(self, s: State) -> str:
-    return prompts.formulation_text(s.question, s.thoughts, self.cfg.style)
+    if self.cfg.qf_mode == "rd":     # w/o QF: the RD agent, having said "Yes", writes it
+      return self.rd_prompt(s) + parsing.YES + "\n"
+    return prompts.formulation_text(s.question, s.thoughts, self.cfg.style,
+                                    direct=self.cfg.qf_mode == "direct")
 
   def ki_prompt(self, s: State, chain, query, cands) -> str:
+    if self.cfg.ki_mode == "document":
+      return prompts.document_selection_text(s.question, chain, query, self.docs(cands),
+                                             self.cfg.style, self.cfg.passage_words)
     return prompts.integration_text(s.question, chain, query, cands, self.cfg.style)
+
+  def wants_search(self, s: State) -> bool:
+    """w/o RD: the reader's latest thought asks for a search (a need, or a <search> tag)."""
+    t = s.thoughts[-1] if s.thoughts else ""
+    return t.startswith(prompts.NEED_PREFIX) or "<search>" in t
 
   # ------------------------------------------------------------------------ the reader
   def start(self, questions: Sequence[str], contexts: Optional[Sequence] = None) -> list:
@@ -152,6 +181,9 @@ class Agent:
     samples = [[] for _ in states]
     decide = [i for i, s in enumerate(states) if self.can_retrieve(s) and actions[i] is None]
     yes = set()
+    if cfg.rd_mode == "reader":      # no RD agent: the reader's thought decides
+      yes = {i for i in decide if self.wants_search(states[i])}
+      decide = []
     if decide:
       outs = self.propose("rd", [self.rd_prompt(states[i]) for i in decide], greedy)
       for i, (text, ids, _) in zip(decide, outs):
@@ -183,28 +215,39 @@ class Agent:
           states[i] = dataclasses.replace(s, malformed=s.malformed + ("qf",))
       queries = [forms[i].query for i in yes]
       hits = self.search(queries, cfg.top_docs)
-      vecs = self.embed(queries)
-      cands = {i: self.store.candidates(vecs[k], hits[k], cfg.top_triples)
-               for k, i in enumerate(yes)}
-      ask = [i for i in yes if cands[i]]
-      picks = {}
+      if cfg.ki_mode == "triple":
+        vecs = self.embed(queries)
+        cands = {i: self.store.candidates(vecs[k], hits[k], cfg.top_triples)
+                 for k, i in enumerate(yes)}
+      else:                          # documents are the candidates
+        cands = {i: list(dict.fromkeys(hits[k])) for k, i in enumerate(yes)}
+      added = {}
+      if cfg.ki_mode == "all":       # w/o KI: every retrieved document joins the context
+        for i in yes:
+          added[i] = cands[i][:cfg.all_docs or cfg.top_docs]
+      ask = [i for i in yes if cands[i] and cfg.ki_mode != "all"]
       if ask:
         kp = {i: self.ki_prompt(states[i], forms[i].chain, forms[i].query, cands[i])
               for i in ask}
         outs = self.propose("ki", [kp[i] for i in ask], greedy)
         for i, (text, ids, _) in zip(ask, outs):
-          sel = parsing.parse_selection(text, cands[i], fallback=cfg.ki_fallback)
+          if cfg.ki_mode == "document":
+            sel = parsing.parse_document(text, [t for t, _ in self.docs(cands[i])],
+                                         fallback=cfg.ki_fallback)
+            doc = cands[i][sel.index] if sel.index is not None else None
+          else:
+            sel = parsing.parse_selection(text, cands[i], fallback=cfg.ki_fallback)
+            doc = cands[i][sel.index].doc_id if sel.index is not None else None
           samples[i].append(Sample("ki", kp[i], tuple(ids), text=text))
-          picks[i] = sel.index
+          added[i] = [doc] if doc is not None else []
           if not sel.well_formed:
             states[i] = dataclasses.replace(states[i], malformed=states[i].malformed + ("ki",))
       for k, i in enumerate(yes):
         s = states[i]
-        idx = picks.get(i)
-        doc = cands[i][idx].doc_id if idx is not None else None
-        new = doc is not None and doc not in s.context
+        fresh = tuple(d for d in dict.fromkeys(added.get(i, ())) if d not in s.context)
+        new = bool(fresh)
         states[i] = dataclasses.replace(
-            s, context=s.context + ((doc,) if new else ()), retrievals=s.retrievals + 1,
+            s, context=s.context + fresh, retrievals=s.retrievals + 1,
             retrieved=s.retrieved + (tuple(hits[k][:cfg.recall_k]),),
             queries=s.queries + (forms[i].query,), chain=forms[i].chain, redundant=not new)
         if not new:
@@ -250,7 +293,7 @@ class Agent:
 
     def branch(node):
       s = node.state
-      if explore and self.can_retrieve(s):
+      if explore and self.can_retrieve(s) and self.cfg.rd_mode == "agent":
         return [True, False]
       return [None]
 

@@ -153,6 +153,22 @@ def parse_selection(text, candidates: Sequence, fallback: Optional[int] = 0) -> 
   return Selection(min(max(int(fallback), 0), len(candidates) - 1), False)
 
 
+def parse_document(text, titles: Sequence[str], fallback: Optional[int] = 0) -> Selection:
+  """Direct KI: the document the output names, by a leading number `k` / `[k]` (1-based) or by
+  a title it starts with (case and spacing ignored); else `fallback` as in parse_selection."""
+  text = _text(text)
+  m = _INDEX.match(text)
+  if m is not None and 1 <= int(m.group(1)) <= len(titles):
+    return Selection(int(m.group(1)) - 1, True)
+  head = _squash(text).lower()
+  for k, t in sorted(enumerate(titles), key=lambda kt: -len(kt[1])):
+    if t and head.startswith(_squash(t).lower()):
+      return Selection(k, True)
+  if not titles or fallback is None:
+    return Selection(None, False)
+  return Selection(min(max(int(fallback), 0), len(titles) - 1), False)
+
+
 def render_selection(candidates: Sequence, index: int, by: str = "triple") -> str:
   """The KI output naming candidate `index`: its triple text, or `[k]` when by == 'index'."""
   if by == "index":

@@ -68,6 +68,14 @@ KI_INSTRUCTION = (
     "triple that is most useful for continuing the reasoning toward answering the question. This "
     "selected triple should logically extend the current reasoning chain and help bridge the gap "
     "toward the final answer. Output the selected triple only.")
+DIRECT_QF_INSTRUCTION = (
+    "You are an intelligent reasoning assistant. Given the question and the reasoning thoughts "
+    "so far, write a concise and effective natural language query that retrieves the next piece "
+    "of information needed to answer the question.\nOutput Format: Retrieval Query: [the query]")
+DIRECT_KI_INSTRUCTION = (
+    "You are an intelligent reasoning assistant. Select the one retrieved document that is most "
+    "useful for continuing the reasoning toward answering the question. Output its number, "
+    "e.g. [2], only.")
 READER_INSTRUCTION = (
     "Please answer the following question. You should think step-by-step to solve it. You should "
     "first output all your internal thinking steps. Each thought should be put inside <think> "
@@ -117,12 +125,26 @@ def decision_text(question: str, docs: Sequence[tuple], previous: Sequence[str],
   return f"{RD_INSTRUCTION}\n\nInputs:\n{body}"
 
 
-def formulation_text(question: str, thoughts: Sequence[str], style: str) -> str:
+def formulation_text(question: str, thoughts: Sequence[str], style: str,
+                     direct: bool = False) -> str:
+  """The QF prompt; `direct` (the paper's Direct QF ablation) asks for the query alone."""
   _check(style)
   body = f"Question: {question}\nThoughts: {_thoughts(thoughts)}\n"
   if style == "compact":
-    return body + "Query:\n"
-  return f"{QF_INSTRUCTION}\n\nInputs:\n{body}"
+    return body + ("Direct query:\n" if direct else "Query:\n")
+  return f"{DIRECT_QF_INSTRUCTION if direct else QF_INSTRUCTION}\n\nInputs:\n{body}"
+
+
+def document_selection_text(question: str, chain: Sequence, query: str, docs: Sequence[tuple],
+                            style: str, passage_words: int = 0) -> str:
+  """Direct KI (the paper's ablation): select one retrieved document, not a triple."""
+  _check(style)
+  links = ", ".join(parsing.triple_text(t) for t in chain) if chain else "(none)"
+  body = (f"Candidate Documents:\n{context_text(docs, passage_words)}\nQuestion: {question}\n"
+          f"Reasoning Chain: {links}\nQuery: {query}\n")
+  if style == "compact":
+    return body + "Select document:\n"
+  return f"{DIRECT_KI_INSTRUCTION}\n\nInputs:\n{body}"
 
 
 def candidates_text(candidates: Sequence) -> str:
@@ -257,17 +279,30 @@ class Plan:
   def decision(self, thoughts: Sequence[str]) -> bool:
     return bool(thoughts) and str(thoughts[-1]).startswith(NEED_PREFIX)
 
-  def formulation(self, thoughts: Sequence[str]) -> Optional[str]:
-    """The QF target after a need thought (None when the latest thought is not a need)."""
+  def formulation(self, thoughts: Sequence[str], direct: bool = False) -> Optional[str]:
+    """The QF target after a need thought (None when the latest thought is not a need);
+    `direct`: the query line alone (the Direct QF ablation)."""
     i = self.needed(thoughts)
     if i is None:
       return None
+    if direct:
+      return f"{parsing.QUERY} {self.query(i)}"
     known = sorted(self.stated(thoughts))
     chain = [self.triples[k] for k in known if self.triples[k] is not None]
     t = self.triples[i]
     if t is not None:
       chain.append((t[0], t[1], parsing.UNKNOWN))
     return parsing.render_formulation(chain, self.query(i) + "?", self.query(i))
+
+  def document(self, thoughts: Sequence[str], doc_ids: Sequence[str]) -> Optional[int]:
+    """Direct KI's target: the first retrieved document among the needed step's gold ones."""
+    i = self.needed(thoughts)
+    if i is None:
+      return None
+    for k, d in enumerate(doc_ids):
+      if d in self.gold[i]:
+        return k
+    return None
 
   def selection(self, thoughts: Sequence[str], candidates: Sequence) -> Optional[int]:
     """The index of the KI target among `candidates` (objects with head/relation/tail and

@@ -222,7 +222,8 @@ class ProxyTask:
         st = agent_lib.State(question=w["ex"].question, tree=0, context=tuple(w["ctx"]),
                              thoughts=tuple(w["thoughts"]))
         yes = w["plan"].decision(w["thoughts"])
-        w["samples"].append((probe.rd_prompt(st), parsing.render_decision(yes)))
+        if cfg.rd_mode == "agent":
+          w["samples"].append((probe.rd_prompt(st), parsing.render_decision(yes)))
         if yes:
           if w["retrievals"] >= cfg.max_retrievals:
             w["ok"] = False
@@ -232,22 +233,35 @@ class ProxyTask:
       if need:
         queries = []
         for w, st in need:
-          form = w["plan"].formulation(w["thoughts"])
+          form = w["plan"].formulation(w["thoughts"], direct=cfg.qf_mode == "direct")
           w["form"] = parsing.parse_formulation(form, "")
           w["samples"].append((probe.qf_prompt(st), form))
           queries.append(w["form"].query)
         hits = self.env.search(queries, cfg.top_docs)
         vecs = self.env.embed(queries)
         for k, (w, st) in enumerate(need):
-          cands = self.store.candidates(vecs[k], hits[k], cfg.top_triples)
-          pick = w["plan"].selection(w["thoughts"], cands)
-          if pick is None:
-            w["ok"] = False
-            continue
-          w["samples"].append((probe.ki_prompt(st, w["form"].chain, w["form"].query, cands),
-                               parsing.render_selection(cands, pick, cfg.ki_output)))
-          if cands[pick].doc_id not in w["ctx"]:
-            w["ctx"].append(cands[pick].doc_id)
+          if cfg.ki_mode == "all":         # w/o KI: the retrieved documents join as they are
+            add = hits[k][:cfg.all_docs or cfg.top_docs]
+            if not set(w["plan"].gold[w["plan"].needed(w["thoughts"])]) & set(add):
+              w["ok"] = False
+          elif cfg.ki_mode == "document":
+            docs = list(dict.fromkeys(hits[k]))
+            pick = w["plan"].document(w["thoughts"], docs)
+            if pick is not None:
+              w["samples"].append((probe.ki_prompt(st, w["form"].chain, w["form"].query, docs),
+                                   f"[{pick + 1}]"))
+            add = [docs[pick]] if pick is not None else []
+            w["ok"] = False if pick is None else None
+          else:
+            cands = self.store.candidates(vecs[k], hits[k], cfg.top_triples)
+            pick = w["plan"].selection(w["thoughts"], cands)
+            if pick is not None:
+              w["samples"].append((probe.ki_prompt(st, w["form"].chain, w["form"].query,
+                                                   cands),
+                                   parsing.render_selection(cands, pick, cfg.ki_output)))
+            add = [cands[pick].doc_id] if pick is not None else []
+            w["ok"] = False if pick is None else None
+          w["ctx"] += [d for d in add if d not in w["ctx"]]
     out, counts = {}, {"examples": len(self.train), "oracle": len(walks), "kept": 0}
     for key, w in walks.items():
       if w["ok"]:
