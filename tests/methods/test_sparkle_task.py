@@ -139,7 +139,7 @@ def test_paper_preset_runs_on_real_data(tmp_path, shared_data_dir):
   c.data.eval_mix = ("2wiki:dev", "hotpotqa:dev")
   c.data.max_train, c.data.max_eval = 4, 4
   c.retrieval.backend = "exact"
-  c.sft.steps = 1
+  c.sft.steps = 0                           # real data: SFT needs collected trajectories
   c.rl.update(dict(steps=1, prompts_per_step=2, max_new_tokens=6))
   c.sparkle.tree.depth = 1
   c.sparkle.agent.update(dict(max_steps=2))
