@@ -8,7 +8,8 @@ context order to numbers themselves.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Optional
+import re
+from typing import Any, Optional, Sequence
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,3 +87,17 @@ def _triple(t: Any):
   if isinstance(t, dict):
     return t["head"], t["relation"], t["tail"]
   return tuple(t)
+
+
+_REF = re.compile(r"#(\d+)")
+
+
+def step_references(question: str) -> set:
+  """The 1-based decomposition steps a step question refers to with '#k'."""
+  return {int(k) for k in _REF.findall(question)}
+
+
+def fill_references(question: str, answers: Sequence[str]) -> str:
+  """A step question with each '#k' replaced by the k-th step's answer (kept when out of range)."""
+  return _REF.sub(lambda m: answers[int(m.group(1)) - 1]
+                  if 0 < int(m.group(1)) <= len(answers) else m.group(0), question)

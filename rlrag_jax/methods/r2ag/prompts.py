@@ -14,9 +14,9 @@ step's answer (the oracle "knows" it); stop once every gold document is in the c
 """
 from __future__ import annotations
 
-import re
 from typing import Sequence
 
+from rlrag_jax.data.schema import fill_references, step_references
 from rlrag_jax.methods.r2ag import parsing
 
 INSTRUCTION = (
@@ -35,7 +35,6 @@ INSTRUCTION = (
     "\"stop retrieval\") in <base-Q></base-Q>, each predicted question (or \"none\") in "
     "<predicted-Q></predicted-Q>.")
 CUE = "Steps:\n"
-_REF = re.compile(r"#(\d+)")
 
 
 def evidence_text(docs: Sequence[tuple], passage_words: int = 0) -> str:
@@ -62,13 +61,8 @@ def prompt_text(question: str, docs: Sequence[tuple], style: str,
 
 
 # ------------------------------------------------------------------------------ the oracle
-def _refs(question: str) -> set:
-  return {int(k) for k in _REF.findall(question)}
-
-
-def _fill(question: str, answers: Sequence[str]) -> str:
-  return _REF.sub(lambda m: answers[int(m.group(1)) - 1]
-                  if 0 < int(m.group(1)) <= len(answers) else m.group(0), question)
+_refs = step_references
+_fill = fill_references
 
 
 def oracle_step(decomposition: Sequence, gold: Sequence[str], context: Sequence[str],

@@ -26,9 +26,9 @@ path triples (`Example.triples`, one per step that has gold documents, in step o
 from __future__ import annotations
 
 import dataclasses
-import re
 from typing import Optional, Sequence
 
+from rlrag_jax.data.schema import fill_references, step_references
 from rlrag_jax.methods.sparkle import parsing
 
 STYLES = ("paper", "compact")
@@ -90,7 +90,6 @@ REASONING_READER_INSTRUCTION = (
 
 NEED_PREFIX = "I need to find out:"
 FACT_PREFIX = "From the context:"
-_REF = re.compile(r"#(\d+)")
 
 
 def _check(style: str) -> None:
@@ -186,13 +185,8 @@ def render_answer(answer: str) -> str:
 
 
 # --------------------------------------------------------------------------- the oracle
-def _refs(question: str) -> set:
-  return {int(k) for k in _REF.findall(question)}
-
-
-def _fill(question: str, answers: Sequence[str]) -> str:
-  return _REF.sub(lambda m: answers[int(m.group(1)) - 1]
-                  if 0 < int(m.group(1)) <= len(answers) else m.group(0), question)
+_refs = step_references
+_fill = fill_references
 
 
 @dataclasses.dataclass(frozen=True)
