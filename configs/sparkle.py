@@ -98,6 +98,11 @@ def get_config(arg: str = ""):
   if arg in ("", "default", "cpu"):
     c.data.world = config_base.world_config(**config_base.SMALL_WORLD, hop_mix=(1.0, 0.0, 0.0))
     c.data.prompt_style = "compact"
+    # The proxy starts from the reader's weights (a small LM of the world's text: the stand-in
+    # for the paper's pretrained proxy); the reference keeps the two paths one setting.
+    c.model.init = "hf"
+    c.model.path = c.models.reader.get_ref("path")
+    c.model.train_config = c.models.reader.get_ref("train_config")
     c.sparkle.agent.max_steps = 8
     c.sparkle.agent.max_retrievals = 4
     c.sparkle.max_new.update(dict(rd=6, qf=72, ki=24, reader=40))
@@ -109,12 +114,14 @@ def get_config(arg: str = ""):
     c.sft.max_len = 512
     c.sft.pack_bucket = 64
     c.sft.prompt_loss = 0.3             # LM loss on the prompts too: its only pretraining
+    c.sft.micro_batches = 4             # smaller live buffers: fewer page faults on CPU
     c.rl.steps = 12                     # ~40 s a step on 2 cores (tree of depth 2, 4 questions)
     c.rl.prompts_per_step = 4
     c.rl.lr = 1e-4
     c.rl.ppo.vf_lr = 5e-4
     c.rl.max_new_tokens = 72
     c.rl.pack_bucket = 64
+    c.rl.micro_batches = 16             # the update's buffers 16x smaller: 2.3x faster on CPU
     c.eval.num_examples = 100
     c.eval.batch_size = 64
     c.eval.max_new_tokens = 72

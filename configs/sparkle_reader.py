@@ -26,6 +26,7 @@ def get_config(arg: str = ""):
     raise ValueError(f"configs/sparkle_reader.py: unknown preset {arg!r}; expected ''")
   c = config_base.load_config_file("configs/sparkle.py")
   c.workdir = "runs/sparkle_reader"
+  c.model.init, c.model.path, c.model.train_config = "scratch", "", ""   # from scratch
   c.sparkle.role = "reader"
   c.models = ml_collections.ConfigDict()
   c.stages = ("sft",)

@@ -93,8 +93,9 @@ def trainer_config(method: str, workdir: str) -> ml_collections.ConfigDict:
       weight_decay=0.0, max_len=512, pack_bucket=64,
       group_by_length=0,   # > 0: batches of similar-length SFT samples (sft_samples tasks),
                            # sorted within windows of this many batches (less padding)
-      prompt_loss=0.0))    # > 0: that loss weight on prompt tokens too (LM training on the
+      prompt_loss=0.0,     # > 0: that loss weight on prompt tokens too (LM training on the
                            # passages, the only "pretraining" a from-scratch model gets)
+      micro_batches=1))    # gradient accumulation inside the step (smaller live buffers)
 
   c.rl = ml_collections.ConfigDict(dict(
       algo="grpo", steps=0, prompts_per_step=8, group_size=8, temperature=1.0, top_k=0,

@@ -90,6 +90,10 @@ def _setup(config, stop_after) -> stages.Run:
   workdir = pathlib.Path(config.workdir)
   workdir.mkdir(parents=True, exist_ok=True)
   (workdir / "config.json").write_text(config.to_json_best_effort(indent=2))
+  spec = config.model.get("train_config", "")
+  if config.model.init == "hf" and spec and not aux_models.trained(config.model.path):
+    # The policy starts from a run that its own config trains once (as models.* do).
+    aux_models.train_once("model", config.model.path, spec)
   task = get_task(config.method, config)
   tok = task.tokenizer
   model_cfg, params = build_model(config, tok)

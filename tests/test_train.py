@@ -140,3 +140,27 @@ def test_dynamic_sampling_keeps_groups_by_the_configured_key():
   task.rollout = lambda policy, exs, key, group_size: [("A", 1.0, 0.0)] * 4
   with pytest.raises(ValueError, match="'rl.dynamic_sampling_key' is 'accuracy'"):
     collection.collect(task, None, rl_iter, jax.random.PRNGKey(0), config, 1)
+
+
+def test_a_run_starts_from_another_runs_weights_trained_once_by_its_config(tmp_path):
+  """model.init 'hf' with model.path a training run directory: the new run's initial params
+  and tokenizer are that run's; model.train_config trains it first when it is missing."""
+  base_cfg = tmp_path / "base_config.py"
+  tiny = tiny_config("unused")
+  tiny.rl.steps, tiny.export_hf = 0, False
+  base_cfg.write_text(
+      "import ml_collections\n"
+      "def get_config(arg=''):\n"
+      f"  return ml_collections.ConfigDict({tiny.to_dict()!r})\n")
+  base = tmp_path / "base"
+  c = tiny_config(tmp_path / "run")
+  c.model.init, c.model.path = "hf", str(base)
+  c.model.train_config = str(base_cfg)
+  r = trainer._setup(c, None)
+  assert (base / "eval_summary.json").exists()          # trained once, by its own config
+  lm = trainer.load_trained(base)
+  for a, b in zip(_leaves(r.params), _leaves(lm.params)):
+    np.testing.assert_array_equal(a, b)
+  assert r.task.tokenizer.get_vocab() == lm.tokenizer.get_vocab()
+  r.ckpt.close()
+  r.rlog.close()

@@ -108,14 +108,18 @@ def world_tokenizer(world=None, vocab_size: int = DEFAULT_VOCAB_SIZE,
 def tokenizer_for(model_cfg, workdir, texts, special_tokens=DEFAULT_TAGS):
   """The tokenizer a run uses, from its config's `model` section.
 
-  model.init == 'hf': the checkpoint's own tokenizer (model.path). Otherwise a byte-level BPE of
+  model.init == 'hf': the checkpoint's own tokenizer (model.path: an HF checkpoint or a
+  training run directory, whose tokenizer is in model/). Otherwise a byte-level BPE of
   model.vocab_size trained on `texts` (a callable returning an iterable of strings, called only
   when training is needed) and kept in <workdir>/tokenizer, so a resumed or evaluated run reuses
   the same one.
   """
   if model_cfg.init == "hf":
     from rlrag_jax.models.hf_io import load_tokenizer
-    tok = load_tokenizer(model_cfg.path)
+    run_model = pathlib.Path(model_cfg.path).expanduser() / "model"
+    # A training run directory keeps its tokenizer (and config) in model/.
+    tok = load_tokenizer(run_model if (run_model / "tokenizer.json").exists()
+                         else model_cfg.path)
     if tok is None:
       raise ValueError(f"config key 'model.path' ({model_cfg.path}) has no tokenizer files")
     return tok

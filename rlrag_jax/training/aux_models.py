@@ -35,7 +35,7 @@ def load(models_cfg, mesh) -> dict:
       raise ValueError(f"config key 'models.{name}.path' is empty; set a training run directory "
                        "or a Hugging Face checkpoint directory")
     train_config = entry.get("train_config", "") if hasattr(entry, "get") else ""
-    if train_config and not _trained(path):
+    if train_config and not trained(path):
       train_once(name, path, train_config)
     try:
       lm = load_trained(path, step=entry.get("step", None))
@@ -48,7 +48,8 @@ def load(models_cfg, mesh) -> dict:
   return out
 
 
-def _trained(path) -> bool:
+def trained(path) -> bool:
+  """Whether `path` holds a finished training run or an HF checkpoint directory."""
   import pathlib
   p = pathlib.Path(path).expanduser()
   if (p / "config.json").exists() and not (p / "checkpoints").exists():
@@ -68,7 +69,7 @@ def train_once(name: str, path, spec: str) -> None:
   p.parent.mkdir(parents=True, exist_ok=True)
   with open(p.parent / f".{p.name}.lock", "w") as lock:
     fcntl.flock(lock, fcntl.LOCK_EX)
-    if _trained(p):
+    if trained(p):
       return
     config = config_base.load_config_file(spec)
     config.workdir = str(p)

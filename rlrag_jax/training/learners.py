@@ -110,13 +110,9 @@ class PPOLearner:
       raise ValueError(f"config key 'rl.ppo.critic' is {self.ppo.critic!r}; expected one of "
                        f"{CRITICS}")
     self.shared = self.ppo.critic == "head"
-    n = int(rl.prompts_per_step) * int(rl.group_size)
-    mini = int(self.ppo.mini_batches)
-    if mini < 1 or n % mini or (n // mini) % int(rl.micro_batches):
-      raise ValueError(
-          f"config key 'rl.ppo.mini_batches' = {mini}: it must divide the {n} episodes of a step "
-          f"(rl.prompts_per_step x rl.group_size) into mini-batches that 'rl.micro_batches' = "
-          f"{rl.micro_batches} divides")
+    if int(self.ppo.mini_batches) < 1 or int(rl.micro_batches) < 1:
+      raise ValueError(f"config keys 'rl.ppo.mini_batches' = {self.ppo.mini_batches} and "
+                       f"'rl.micro_batches' = {rl.micro_batches} must be >= 1")
     self.module = ValueLM(model_cfg)
     self.opt = ts.make_optimizer(ts.OptimizerConfig(
         lr=self.ppo.vf_lr, schedule=rl.lr_schedule, warmup_ratio=rl.warmup_ratio,
@@ -165,7 +161,10 @@ class PPOLearner:
                 [e.loss_mask for e in episodes], pad_id=self.pad, bucket=rl.pack_bucket)
     start = logits_start(host["loss_mask"], rl.pack_bucket)
     dev = sharding.shard_batch(host, self.mesh)
-    host["old_logp"] = np.asarray(self.steps.logp(state.params, dev, start))
+    n, mini = totals.shape[0], int(ppo.mini_batches)
+    on_policy = int(rl.mu) == 1 and mini == 1
+    if not on_policy:   # one update on the whole batch: old = current, ratio 1, no forward
+      host["old_logp"] = np.asarray(self.steps.logp(state.params, dev, start))
     if self.steps.with_ref:
       host["ref_logp"] = np.asarray(self.steps.logp(ref_params, dev, start))
     values = self.value_fn(critic.params, dev)
@@ -182,11 +181,16 @@ class PPOLearner:
     host["returns"] = np.asarray(returns, np.float32)
     host["old_values"] = np.asarray(values, np.float32)
 
-    n, mini = totals.shape[0], int(ppo.mini_batches)
     size = n // mini
+    if n % mini or size % int(rl.micro_batches):
+      # The episode count is the task's (a task with a `collect` hook pads it to its own
+      # buckets), so the split is checked here, per step.
+      raise ValueError(
+          f"config key 'rl.ppo.mini_batches' = {mini}: it must divide the {n} episodes of this "
+          f"step into mini-batches that 'rl.micro_batches' = {rl.micro_batches} divides")
     rng = np.random.default_rng(int(jax.random.randint(key, (), 0, 2 ** 31 - 1)))
-    pol_keys = ("input_ids", "attention_mask", "loss_mask", "advantages", "old_logp") + (
-        ("ref_logp",) if self.steps.with_ref else ())
+    pol_keys = ("input_ids", "attention_mask", "loss_mask", "advantages") + (
+        () if on_policy else ("old_logp",)) + (("ref_logp",) if self.steps.with_ref else ())
     val_keys = ("input_ids", "attention_mask", "loss_mask", "returns", "old_values")
     sums: dict = {}
     for _ in range(int(rl.mu)):

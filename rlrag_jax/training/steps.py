@@ -1,6 +1,8 @@
 """The model a run trains and the jitted pieces its loops call: SFT update, RL update, log-probs."""
 from __future__ import annotations
 
+import pathlib
+
 import jax
 import jax.numpy as jnp
 
@@ -10,13 +12,20 @@ from rlrag_jax.training import learners
 
 # ------------------------------------------------------------------------------------ model
 def build_model(config, tokenizer) -> tuple:
-  """(ModelConfig, params) from `config.model`: a fresh small model or an HF checkpoint."""
+  """(ModelConfig, params) from `config.model`: a fresh small model, or pretrained weights
+  (model.init 'hf'): an HF checkpoint directory or a training run directory (its latest
+  checkpoint, e.g. a small LM trained on the world that another run starts from)."""
   m = config.model
   if m.init == "hf":
     if not m.path:
       raise ValueError("config key 'model.path' is empty but 'model.init' is 'hf'")
-    lm = load_hf(m.path, dtype=jnp.dtype(m.dtype).type, param_dtype=m.param_dtype,
-                 progress=True)
+    run_dir = pathlib.Path(m.path).expanduser()
+    if (run_dir / "checkpoints").is_dir() and (run_dir / "model" / "config.json").exists():
+      from rlrag_jax.trainer import load_trained
+      lm = load_trained(run_dir)
+    else:
+      lm = load_hf(m.path, dtype=jnp.dtype(m.dtype).type, param_dtype=m.param_dtype,
+                   progress=True)
     return lm.config.replace(remat=bool(m.remat),
                              attention_block=int(m.attention_block)), lm.params
   if m.init != "scratch":
@@ -62,7 +71,8 @@ class Steps:
         aggregation=rl.aggregation, max_completion_len=rl.max_new_tokens, beta=rl.kl_beta,
         kl_estimator=rl.kl_estimator, temperature=rl.temperature,
         entropy_coef=float(rl.get("entropy_coef", 0.0)))
-    self.sft_step = ts.make_sft_step(self.module, self.sft_opt, mesh)
+    self.sft_step = ts.make_sft_step(self.module, self.sft_opt, mesh,
+                                     micro_batches=int(config.sft.get("micro_batches", 1)))
     self.rl_step = ts.make_policy_step(self.module, self.rl_opt, mesh, self.loss_cfg,
                                        micro_batches=rl.micro_batches)
     self.logp = ts.make_logprob_fn(self.module, mesh, temperature=rl.temperature,

@@ -81,7 +81,11 @@ def test_ppo_update_uses_hand_computed_gae_and_value_loss():
   for i, s in enumerate(scores):
     adv[i], ret[i] = _hand_gae(values[i], mask[i], s["total"], 0.9, 0.8)
 
+  calls = []
+  logp = steps.logp
+  steps.logp = lambda *a: calls.append(1) or logp(*a)
   _, _, m = learner.update(state, critic, eps, scores, None, jax.random.PRNGKey(4))
+  assert not calls     # one update on the whole batch: no separate old-policy forward
   # Before its update the critic's values are the old values: the clipped loss is plain MSE.
   want_vf = (0.5 * (values - ret) ** 2 * mask).sum() / mask.sum()
   assert m["vf/loss"] == pytest.approx(want_vf, rel=1e-5)
@@ -101,6 +105,7 @@ def test_ppo_mini_batches_visit_every_episode_once_per_epoch():
   seen = []
 
   def fake_step(state, batch, start):
+    assert "old_logp" in batch        # three epochs: the sampling policy's log-probs
     ids, attn = np.asarray(batch["input_ids"]), np.asarray(batch["attention_mask"])
     last = attn.shape[1] - 1 - np.argmax(attn[:, ::-1], axis=1)
     seen.append(ids[np.arange(len(ids)), last].tolist())
@@ -132,9 +137,15 @@ def test_algo_names_are_read_not_ignored():
     np.testing.assert_allclose(np.asarray(learner.estimate(totals, 2)), want, atol=1e-4)
   with pytest.raises(ValueError, match="'rl.algo' is 'reinforce'"):
     learners.check_algo(_config("reinforce").rl)
-  with pytest.raises(ValueError, match="rl.ppo.mini_batches' = 3"):
-    c = _config("ppo", mini_batches=3)
-    learners.make_learner(c, trainer.Steps(c, CFG, mesh, 0, 2), mesh, CFG, pad_id=0)
+  # The episode count is the task's (tree rollouts vary it): the split is checked per step.
+  c = _config("ppo", mini_batches=3)
+  steps = trainer.Steps(c, CFG, mesh, 0, 2)
+  learner = learners.make_learner(c, steps, mesh, CFG, pad_id=0)
+  state = steps.new_state(init_params(steps.module, jax.random.PRNGKey(0)), "rl")
+  critic = learner.init_critic(state.params, jax.random.PRNGKey(1))
+  with pytest.raises(ValueError, match="rl.ppo.mini_batches' = 3: it must divide the 4"):
+    learner.update(state, critic, _episodes(), [{"total": 0.0}] * 4, None,
+                   jax.random.PRNGKey(2))
   with pytest.raises(ValueError, match="'rl.ppo.critic' is 'shared'"):
     c = _config("ppo", critic="shared")
     learners.make_learner(c, trainer.Steps(c, CFG, mesh, 0, 2), mesh, CFG, pad_id=0)

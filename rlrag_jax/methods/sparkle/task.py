@@ -366,7 +366,8 @@ class ProxyTask:
                               completion_ids=comp, loss_mask=[0] * len(comp), text="",
                               info={"group": -1, "role": "rd", "padding": True}))
       scores.append({"total": 0.0, **{f"is_{r}": 0.0 for r in agent_lib.ROLES}, **stats})
-    want = geometric_round(len(episodes), 8, per_octave=2)
+    want = geometric_round(len(episodes), max(8, int(self.config.rl.micro_batches)),
+                           per_octave=2)
     for k in range(want - len(episodes)):
       e = episodes[k % len(episodes)]
       episodes.append(dataclasses.replace(e, loss_mask=[0] * len(e.loss_mask),
