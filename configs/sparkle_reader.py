@@ -11,6 +11,12 @@ run and trains it once, on first use.
 Evaluated under a perfect proxy (every need met with its gold documents): answer EM / F1 and
 `thought_match`, how often a thought equals the oracle's at that state.
 
+Presets (`get_config(arg)`):
+  ''       a small model from scratch on the embedded world (the CPU default's reader).
+  'paper'  a short SFT of an HF checkpoint (set model.path) on the oracle walks of the real
+           data that has a gold decomposition (2Wiki, MuSiQue); only for a reader that needs
+           adapting to the one-step-per-call format.
+
 Differences from the paper, with the reason:
   - The paper's reader is Qwen2.5-7B-Instruct used as is (':paper' of configs/sparkle.py points
     `models.reader.path` at such a checkpoint and trains none). A from-scratch CPU model cannot
@@ -22,8 +28,26 @@ from rlrag_jax import config_base
 
 
 def get_config(arg: str = ""):
+  if arg == "paper":
+    c = config_base.load_config_file("configs/sparkle.py:paper")
+    c.workdir = "runs/sparkle_reader_paper"
+    c.sparkle.role = "reader"
+    c.models = ml_collections.ConfigDict()
+    c.stages = ("sft",)
+    c.rl.steps = 0
+    c.rl.algo = "grpo"
+    # Walks need a gold decomposition: examples without one are left out (logged).
+    c.data.mix = ("2wiki:train", "musique:train")
+    c.data.eval_mix = ("2wiki:dev", "musique:dev")
+    c.sft.steps = 100
+    c.sft.batch_size = 64
+    c.sft.lr = 1e-5
+    c.sft.max_len = 2048
+    c.eval.max_new_tokens = 160
+    return c
   if arg not in ("", "default", "cpu"):
-    raise ValueError(f"configs/sparkle_reader.py: unknown preset {arg!r}; expected ''")
+    raise ValueError(f"configs/sparkle_reader.py: unknown preset {arg!r}; expected '' or "
+                     "'paper'")
   c = config_base.load_config_file("configs/sparkle.py")
   c.workdir = "runs/sparkle_reader"
   c.model.init, c.model.path, c.model.train_config = "scratch", "", ""   # from scratch

@@ -39,7 +39,8 @@ def _reader_cfg(workdir):
 
 def _proxy_cfg(workdir, reader):
   c = _small(config_base.load_config_file("configs/sparkle.py"), workdir)
-  c.models.reader = ml_collections.ConfigDict(dict(path=str(reader)))
+  # The proxy starts from the reader (model.path and model.train_config follow these keys).
+  c.models.reader.path, c.models.reader.train_config = str(reader), ""
   c.rl.update(dict(steps=3, prompts_per_step=2, max_new_tokens=24))
   c.sparkle.tree.depth = 2
   return c
@@ -157,3 +158,23 @@ def test_paper_preset_runs_on_real_data(tmp_path, shared_data_dir):
   heads = {tr.head for tr in two[0].triples}
   docs = [d for d in t.env.records if d.title in heads]
   assert any(t.store.doc_triples(d.id) for d in docs)
+
+
+def test_reader_paper_preset_runs_on_real_data(tmp_path, shared_data_dir):
+  pytest.importorskip("torch")
+  from hf_tiny import make_tiny_checkpoint
+  ckpt = make_tiny_checkpoint(tmp_path, "qwen2", max_position_embeddings=4096, name="reader")
+  c = config_base.load_config_file("configs/sparkle_reader.py:paper")
+  c.workdir, c.model.path, c.data.dir = str(tmp_path / "run"), str(ckpt), ""
+  c.data.mix = ("musique:train",)          # MuSiQue gives decompositions with gold ids
+  c.data.eval_mix = ("musique:dev",)
+  c.data.max_train, c.data.max_eval = 4, 4
+  c.retrieval.backend = "exact"
+  c.sft.update(dict(steps=2, batch_size=2, max_len=1024))
+  c.sparkle.agent.max_steps = 2
+  c.sparkle.max_new.reader = 6
+  c.eval.update(dict(num_examples=4, max_new_tokens=6, batch_size=4))
+  c.model.attention_block = 64
+  res = trainer.run(c, progress=False)
+  assert {"em", "f1", "thought_match"} <= set(res.after["all"])
+  assert 0 < res.after["all"]["n"] <= 4

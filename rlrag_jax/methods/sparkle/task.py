@@ -470,6 +470,14 @@ class ReaderTask:
     self.env = CorpusSearch(config, sel, encoder)
     self.train = [ex for ex in sel.train if _plan(self.env, ex) is not None]
     self.eval = [ex for ex in sel.eval if _plan(self.env, ex) is not None]
+    left = len(sel.train) + len(sel.eval) - len(self.train) - len(self.eval)
+    if left:
+      log.info("sparkle reader: %d of %d examples left out (no gold decomposition to walk)",
+               left, len(sel.train) + len(sel.eval))
+    if not self.train:
+      raise ValueError("sparkle reader: no training example has a gold decomposition with gold "
+                       f"documents (config key 'data.mix' = {tuple(config.data.mix)}); use "
+                       "datasets that give one (the world, 2Wiki, MuSiQue)")
     self.agent_cfg = agent_lib.AgentConfig.from_config(s.agent, self.style)
     self.max_new = int(s.max_new.reader)
     self.p_retrieve = float(s.reader_sft.retrieve_prob)
