@@ -50,6 +50,18 @@ def passage_text(title: str, text: str) -> str:
   return f"{title}\n{text}" if title else text
 
 
+def numbered_passages(docs, passage_words: int = 0) -> str:
+  """(title, text) pairs -> "[k] title: text" lines for a prompt, each text cut to its first
+  `passage_words` words (0: whole); "(none)" when there are none."""
+  lines = []
+  for i, (title, text) in enumerate(docs, 1):
+    words = text.split()
+    if passage_words and len(words) > passage_words:
+      text = " ".join(words[:passage_words])
+    lines.append(f"[{i}] {title}: {text}")
+  return "\n".join(lines) if lines else "(none)"
+
+
 def as_record(x: Any, row: int) -> CorpusRecord:
   """CorpusRecord | {'id','title','text'} | FlashRAG {'id','contents'} -> CorpusRecord.
 

@@ -9,7 +9,7 @@ from retrieval_helpers import HashEncoder, random_unit
 from rlrag_jax.data.schema import CorpusRecord
 from rlrag_jax.retrieval import Hit, Retriever, RetrieverFormatError
 from rlrag_jax.retrieval.index import ExactIndex
-from rlrag_jax.retrieval.retriever import as_record, passage_text
+from rlrag_jax.retrieval.retriever import as_record, numbered_passages, passage_text
 
 N, D = 5000, 32
 
@@ -219,3 +219,10 @@ def test_title_query_finds_its_passage_on_wiki18(shared_data_dir):
   # and the index agrees with exact search on the same embeddings
   _, exact = ExactIndex(r.embeddings).search(enc.encode([c.title for c in probe]), 5)
   assert [[h.id for h in row] for row in hits] == [[corpus[j].id for j in row] for row in exact]
+
+
+def test_numbered_passages_cut_each_text_to_its_first_words():
+  docs = [("Alpha", "one two three four"), ("Beta", "five six")]
+  assert numbered_passages(docs) == "[1] Alpha: one two three four\n[2] Beta: five six"
+  assert numbered_passages(docs, passage_words=2) == "[1] Alpha: one two\n[2] Beta: five six"
+  assert numbered_passages([]) == "(none)"

@@ -18,6 +18,7 @@ from typing import Sequence
 
 from rlrag_jax.data.schema import fill_references, step_references
 from rlrag_jax.methods.r2ag import parsing
+from rlrag_jax.retrieval.retriever import numbered_passages
 
 INSTRUCTION = (
     "Task: You will be provided with a user question and evidences that may help to answer the "
@@ -37,15 +38,7 @@ INSTRUCTION = (
 CUE = "Steps:\n"
 
 
-def evidence_text(docs: Sequence[tuple], passage_words: int = 0) -> str:
-  """docs: (title, text) pairs -> numbered evidence lines (text cut to `passage_words`)."""
-  lines = []
-  for i, (title, text) in enumerate(docs, 1):
-    words = text.split()
-    if passage_words and len(words) > passage_words:
-      text = " ".join(words[:passage_words])
-    lines.append(f"[{i}] {title}: {text}")
-  return "\n".join(lines) if lines else "(none)"
+evidence_text = numbered_passages     # (title, text) pairs -> "[k] title: text" lines
 
 
 def user_text(question: str, docs: Sequence[tuple], passage_words: int = 0) -> str:

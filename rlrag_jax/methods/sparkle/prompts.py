@@ -30,6 +30,7 @@ from typing import Optional, Sequence
 
 from rlrag_jax.data.schema import fill_references, step_references
 from rlrag_jax.methods.sparkle import parsing
+from rlrag_jax.retrieval.retriever import numbered_passages
 
 STYLES = ("paper", "compact")
 
@@ -98,15 +99,7 @@ def _check(style: str) -> None:
                      f"{style!r}")
 
 
-def context_text(docs: Sequence[tuple], passage_words: int = 0) -> str:
-  """(title, text) pairs -> numbered document lines, text cut to `passage_words` words."""
-  lines = []
-  for i, (title, text) in enumerate(docs, 1):
-    words = text.split()
-    if passage_words and len(words) > passage_words:
-      text = " ".join(words[:passage_words])
-    lines.append(f"[{i}] {title}: {text}")
-  return "\n".join(lines) if lines else "(none)"
+context_text = numbered_passages     # (title, text) pairs -> "[k] title: text" lines
 
 
 def _thoughts(thoughts: Sequence[str]) -> str:
