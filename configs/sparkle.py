@@ -76,7 +76,8 @@ def base_config() -> ml_collections.ConfigDict:
       eval=ml_collections.ConfigDict(dict(naive_k=5, baselines=True, recall_steps=4)),
       reader_sft=ml_collections.ConfigDict(dict(retrieve_prob=0.75, distractor_prob=0.3))))
   c.models.reader = ml_collections.ConfigDict(dict(
-      path="runs/sparkle_reader", train_config="configs/sparkle_reader.py"))
+      path="runs/sparkle_reader", train_config="configs/sparkle_reader.py",
+      step=-1))                           # the reader run's checkpoint (-1: latest)
   c.retrieval = ml_collections.ConfigDict(dict(
       backend="exact", corpus="", encoder_path="", cache_dir=""))
   # PPO with a value model; values from the authors' released training script.

@@ -38,7 +38,8 @@ def load(models_cfg, mesh) -> dict:
     if train_config and not trained(path):
       train_once(name, path, train_config)
     try:
-      lm = load_trained(path, step=entry.get("step", None))
+      step = entry.get("step", None)        # a run dir's checkpoint step; None or < 0: latest
+      lm = load_trained(path, step=None if step is None or int(step) < 0 else int(step))
     except FileNotFoundError as e:
       raise FileNotFoundError(f"config key 'models.{name}.path': {e}") from None
     shardings = sharding.param_shardings(DecoderLM(lm.config), mesh)
