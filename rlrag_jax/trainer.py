@@ -127,6 +127,12 @@ def _evaluate(task, policy, examples, config, desc):
                              seed=config.seed, desc=desc)
 
 
+def is_run_dir(path) -> bool:
+  """Whether `path` is a training run directory (what `run` writes: model/ + checkpoints/)."""
+  p = pathlib.Path(path).expanduser()
+  return (p / "checkpoints").is_dir() and (p / "model" / "config.json").exists()
+
+
 def load_trained(path, step: Optional[int] = None) -> LM:
   """An `LM` from a run directory (its latest or given checkpoint) or from an HF checkpoint dir.
 
@@ -136,7 +142,7 @@ def load_trained(path, step: Optional[int] = None) -> LM:
   p = pathlib.Path(path).expanduser()
   if p.name == "checkpoints" and (p.parent / "model").is_dir():
     p = p.parent
-  if (p / "checkpoints").is_dir() and (p / "model" / "config.json").exists():
+  if is_run_dir(p):
     cfg = ModelConfig.from_hf_file(p / "model" / "config.json")
     mgr = CheckpointManager(p / "checkpoints", max_to_keep=None)
     if mgr.latest_step() is None:

@@ -163,7 +163,9 @@ class PPOLearner:
     dev = sharding.shard_batch(host, self.mesh)
     n, mini = totals.shape[0], int(ppo.mini_batches)
     on_policy = int(rl.mu) == 1 and mini == 1
-    if not on_policy:   # one update on the whole batch: old = current, ratio 1, no forward
+    # One update on the whole batch samples and updates the same policy (ratio 1): the
+    # step's own stop-gradient log-probs are the old ones, so no separate forward.
+    if not on_policy:
       host["old_logp"] = np.asarray(self.steps.logp(state.params, dev, start))
     if self.steps.with_ref:
       host["ref_logp"] = np.asarray(self.steps.logp(ref_params, dev, start))

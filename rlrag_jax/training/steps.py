@@ -1,8 +1,6 @@
 """The model a run trains and the jitted pieces its loops call: SFT update, RL update, log-probs."""
 from __future__ import annotations
 
-import pathlib
-
 import jax
 import jax.numpy as jnp
 
@@ -19,10 +17,9 @@ def build_model(config, tokenizer) -> tuple:
   if m.init == "hf":
     if not m.path:
       raise ValueError("config key 'model.path' is empty but 'model.init' is 'hf'")
-    run_dir = pathlib.Path(m.path).expanduser()
-    if (run_dir / "checkpoints").is_dir() and (run_dir / "model" / "config.json").exists():
-      from rlrag_jax.trainer import load_trained
-      lm = load_trained(run_dir)
+    from rlrag_jax.trainer import is_run_dir, load_trained
+    if is_run_dir(m.path):
+      lm = load_trained(m.path)
     else:
       lm = load_hf(m.path, dtype=jnp.dtype(m.dtype).type, param_dtype=m.param_dtype,
                    progress=True)
