@@ -95,11 +95,6 @@ def get_config(arg: str = ""):
   if arg in ("", "default", "cpu"):
     c.data.world = config_base.world_config(**config_base.SMALL_WORLD)
     c.data.prompt_style = "compact"
-    # The steering model starts from the generator's weights (a small LM of the world's text,
-    # as the paper's two roles both start from Qwen3-8B); the references keep one setting.
-    c.model.init = "hf"
-    c.model.path = c.models.generator.get_ref("path")
-    c.model.train_config = c.models.generator.get_ref("train_config")
     c.r2ag.refill = True
     c.r2ag.forest.size = 32
     # A partial warm-up: after 500 steps the model writes the format but copies the question's

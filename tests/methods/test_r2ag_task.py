@@ -3,6 +3,7 @@ kill-and-resume continuing the forest exactly, the frozen generator trained once
 config), and the ':paper' preset shrunk onto tiny HF checkpoints and the real data samples."""
 import json
 
+import ml_collections
 import pytest
 
 from configs import r2ag, r2ag_generator
@@ -35,8 +36,7 @@ def _generator_cfg(workdir):
 
 def _steering_cfg(workdir, generator):
   c = _small(r2ag.get_config(""), workdir)
-  # The steering model starts from the generator (model.path follows these keys).
-  c.models.generator.path, c.models.generator.train_config = str(generator), ""
+  c.models.generator = ml_collections.ConfigDict(dict(path=str(generator)))
   c.rl.update(dict(steps=4, prompts_per_step=3, group_size=4, max_new_tokens=40))
   c.r2ag.forest.update(dict(size=4, max_iterations=3, max_children=2, max_size=4))
   return c
