@@ -16,6 +16,7 @@ No BOS/EOS is added by `encode`; callers add them where a format needs them.
 """
 from __future__ import annotations
 
+import logging
 import os
 import pathlib
 from typing import Iterable, Optional, Sequence, Union
@@ -30,6 +31,11 @@ DEFAULT_TAGS = ("<think>", "</think>", "<search>", "</search>", "<information>",
                 "</information>", "<answer>", "</answer>", "<relevance>", "</relevance>",
                 "<analysis>", "</analysis>", "<reflect>", "</reflect>")
 DEFAULT_VOCAB_SIZE = 2048
+# A tokenizer inherited from another run that needs this many times the tokens of one trained
+# on the task's own texts is reported: longer sequences, and output caps that cut steps.
+INHERITED_TOKENS_WARN = 1.5
+
+log = logging.getLogger(__name__)
 
 
 def train_tokenizer(texts: Iterable[str], vocab_size: int = DEFAULT_VOCAB_SIZE,
@@ -79,6 +85,17 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = DEFAULT_VOCAB_SIZE,
   return hf
 
 
+def inherited_token_ratio(tok, texts: Iterable[str], special_tokens: Sequence[str] = ()) -> float:
+  """Tokens of `texts` under `tok` over their tokens under a BPE of `tok`'s vocabulary size
+  trained on them (about 1: `tok` fits these texts as well as their own would)."""
+  sample = [t for t in texts if t]
+  if not sample:
+    return 1.0
+  ref = train_tokenizer(sample, vocab_size=len(tok), special_tokens=special_tokens)
+  count = lambda t: sum(len(ids) for ids in t(sample, add_special_tokens=False)["input_ids"])
+  return count(tok) / max(count(ref), 1)
+
+
 def world_texts(world) -> list:
   """The text a world tokenizer learns from: passages, train questions, steps and answers."""
   texts = [r.text for r in world.corpus]
@@ -118,10 +135,16 @@ def tokenizer_for(model_cfg, workdir, texts, special_tokens=DEFAULT_TAGS):
     from rlrag_jax.models.hf_io import load_tokenizer
     run_model = pathlib.Path(model_cfg.path).expanduser() / "model"
     # A training run directory keeps its tokenizer (and config) in model/.
-    tok = load_tokenizer(run_model if (run_model / "tokenizer.json").exists()
-                         else model_cfg.path)
+    from_run = (run_model / "tokenizer.json").exists()
+    tok = load_tokenizer(run_model if from_run else model_cfg.path)
     if tok is None:
       raise ValueError(f"config key 'model.path' ({model_cfg.path}) has no tokenizer files")
+    if from_run:      # ours, trained on another run's texts: does it fit this task's?
+      ratio = inherited_token_ratio(tok, texts(), special_tokens)
+      if ratio > INHERITED_TOKENS_WARN:
+        log.warning("config key 'model.path' (%s): the run's tokenizer encodes this task's "
+                    "texts into %.2fx the tokens of one trained on them (sequences longer, "
+                    "output caps such as max_new_tokens reached sooner)", model_cfg.path, ratio)
     return tok
   out = pathlib.Path(workdir) / "tokenizer"
   if (out / "tokenizer.json").exists():

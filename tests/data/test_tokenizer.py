@@ -120,3 +120,23 @@ def test_bad_arguments_raise():
     tk.train_tokenizer(["a b"], vocab_size=100)
   with pytest.raises(ValueError, match="clash"):
     tk.train_tokenizer(["a b"], vocab_size=400, special_tokens=("<pad>",))
+
+
+def test_an_inherited_tokenizer_that_fits_other_texts_is_reported(tmp_path, caplog):
+  """model.init='hf' from a run directory: its tokenizer, trained on that run's texts, is
+  compared with one trained on this task's; a poor fit is logged, a good one is not."""
+  import logging
+  import types
+  own = [f"the red fox {i} jumps over the lazy dog near the river bank" for i in range(300)]
+  other = [f"qzv wpxk {i} blorft zindle quaxo mervish tolp grandeq" for i in range(300)]
+  run = tmp_path / "run"
+  tk.train_tokenizer(own, vocab_size=400, special_tokens=("<answer>",), out_dir=run / "model")
+  cfg = types.SimpleNamespace(init="hf", path=str(run))
+  loaded = tk.tokenizer_for(cfg, tmp_path, lambda: own, ("<answer>",))
+  assert tk.inherited_token_ratio(loaded, own, ("<answer>",)) == pytest.approx(1.0, abs=0.05)
+  assert tk.inherited_token_ratio(loaded, other, ("<answer>",)) > 2.0
+  with caplog.at_level(logging.WARNING, logger="rlrag_jax.data.tokenizer"):
+    tk.tokenizer_for(cfg, tmp_path, lambda: own, ("<answer>",))
+    assert not caplog.records
+    tk.tokenizer_for(cfg, tmp_path, lambda: other, ("<answer>",))
+  assert len(caplog.records) == 1 and str(run) in caplog.records[0].getMessage()
