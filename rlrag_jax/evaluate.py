@@ -27,23 +27,13 @@ def main(argv):
   del argv
   from rlrag_jax import evaluation, judge, runlog
   from rlrag_jax.rollout.policy import Policy
-  from rlrag_jax.tasks import get_task
-  from rlrag_jax.models.sharding import make_mesh
-  from rlrag_jax.trainer import load_trained
-  from rlrag_jax.training import aux_models
+  from rlrag_jax.trainer import task_for_checkpoint
   config = _CONFIG.value
   try:
-    lm = load_trained(_CKPT.value, step=_STEP.value)
+    task, lm = task_for_checkpoint(config, _CKPT.value, step=_STEP.value)
   except FileNotFoundError as e:
     print(f"evaluate: {e}", file=sys.stderr)
     return 2
-  ckpt = pathlib.Path(_CKPT.value)
-  if (ckpt / "model").is_dir():               # evaluate with the run's own tokenizer
-    config.workdir = str(ckpt)
-  elif config.model.init == "hf" or (ckpt / "config.json").exists():
-    config.model.init, config.model.path = "hf", str(ckpt)
-  task = get_task(config.method, config)
-  aux_models.bind(task, aux_models.load(config.get("models"), make_mesh()))
   tok = task.tokenizer
   policy = Policy(lm.config, lm.params, max_new_tokens=config.eval.max_new_tokens,
                   eos_ids=tuple(lm.config.eos_token_id) or (tok.eos_token_id,),

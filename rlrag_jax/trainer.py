@@ -156,3 +156,20 @@ def load_trained(path, step: Optional[int] = None) -> LM:
     return load_hf(p)
   raise FileNotFoundError(f"{p}: neither a training run directory (model/ + checkpoints/) nor a "
                           "Hugging Face checkpoint directory (config.json)")
+
+
+def task_for_checkpoint(config, path, step: Optional[int] = None) -> tuple:
+  """(task, lm) for evaluating a trained checkpoint under `config`: the LM of `path` (as
+  `load_trained`), and the config's task built with that run's own tokenizer (a run directory)
+  or with the HF checkpoint as its model, its auxiliary models bound. Raises FileNotFoundError
+  (from `load_trained`) for a path that holds neither."""
+  from rlrag_jax.models.sharding import make_mesh
+  lm = load_trained(path, step=step)
+  ckpt = pathlib.Path(path)
+  if (ckpt / "model").is_dir():               # the run's own tokenizer
+    config.workdir = str(ckpt)
+  elif config.model.init == "hf" or (ckpt / "config.json").exists():
+    config.model.init, config.model.path = "hf", str(ckpt)
+  task = get_task(config.method, config)
+  aux_models.bind(task, aux_models.load(config.get("models"), make_mesh()))
+  return task, lm

@@ -164,3 +164,29 @@ def test_a_run_starts_from_another_runs_weights_trained_once_by_its_config(tmp_p
   assert r.task.tokenizer.get_vocab() == lm.tokenizer.get_vocab()
   r.ckpt.close()
   r.rlog.close()
+
+
+def test_a_run_directory_serves_the_checkpoint_tools(tmp_path):
+  """`trainer.task_for_checkpoint` (evaluate, experiments.headroom) rebuilds the task with the
+  run's own tokenizer and weights: greedy evaluation repeats the run's final table, and the
+  headroom tool's greedy reward is that evaluation's."""
+  from rlrag_jax import evaluation
+  from rlrag_jax.experiments import headroom
+  from rlrag_jax.rollout.policy import Policy
+  work = tmp_path / "run"
+  config = tiny_config(work)
+  config.export_hf = False
+  res = trainer.run(config, progress=False)
+  task, lm = trainer.task_for_checkpoint(tiny_config(work), work)
+  tok = task.tokenizer
+  policy = Policy(lm.config, lm.params, max_new_tokens=config.eval.max_new_tokens,
+                  eos_ids=tuple(lm.config.eos_token_id), pad_id=tok.pad_token_id or 0)
+  examples = list(task.eval)[: config.eval.num_examples]
+  again = evaluation.evaluate(task, policy, examples, batch_size=config.eval.batch_size,
+                              seed=config.seed, progress=False)
+  assert again["all"] == res.after["all"]
+  room = headroom.headroom(task, policy, examples, k=2, temperatures=(1.0,),
+                           rng=jax.random.PRNGKey(0), progress=False)
+  assert room["total"]["greedy"] == pytest.approx(res.after["all"]["reward"])
+  with pytest.raises(FileNotFoundError, match="neither a training run directory"):
+    trainer.task_for_checkpoint(tiny_config(work), tmp_path)
