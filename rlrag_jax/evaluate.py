@@ -26,18 +26,14 @@ _OUT = flags.DEFINE_string("out", None, "write the summary JSON here (default: p
 def main(argv):
   del argv
   from rlrag_jax import evaluation, judge, runlog
-  from rlrag_jax.rollout.policy import Policy
-  from rlrag_jax.trainer import task_for_checkpoint
+  from rlrag_jax.trainer import checkpoint_policy, task_for_checkpoint
   config = _CONFIG.value
   try:
     task, lm = task_for_checkpoint(config, _CKPT.value, step=_STEP.value)
   except FileNotFoundError as e:
     print(f"evaluate: {e}", file=sys.stderr)
     return 2
-  tok = task.tokenizer
-  policy = Policy(lm.config, lm.params, max_new_tokens=config.eval.max_new_tokens,
-                  eos_ids=tuple(lm.config.eos_token_id) or (tok.eos_token_id,),
-                  pad_id=tok.pad_token_id or 0)
+  policy = checkpoint_policy(lm, task.tokenizer, config.eval.max_new_tokens)
   examples = list(task.eval)[: config.eval.num_examples]
   result = evaluation.evaluate(task, policy, examples, batch_size=config.eval.batch_size,
                                seed=config.seed,

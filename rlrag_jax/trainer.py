@@ -173,3 +173,11 @@ def task_for_checkpoint(config, path, step: Optional[int] = None) -> tuple:
   task = get_task(config.method, config)
   aux_models.bind(task, aux_models.load(config.get("models"), make_mesh()))
   return task, lm
+
+
+def checkpoint_policy(lm: LM, tokenizer, max_new_tokens: int, **sampling) -> Policy:
+  """A `Policy` over a loaded checkpoint: its params, its eos ids (else the tokenizer's) and the
+  tokenizer's pad id; `sampling` sets temperature / top_k / top_p."""
+  return Policy(lm.config, lm.params, max_new_tokens=int(max_new_tokens),
+                eos_ids=tuple(lm.config.eos_token_id) or (tokenizer.eos_token_id,),
+                pad_id=tokenizer.pad_token_id or 0, **sampling)

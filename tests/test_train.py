@@ -172,15 +172,12 @@ def test_a_run_directory_serves_the_checkpoint_tools(tmp_path):
   headroom tool's greedy reward is that evaluation's."""
   from rlrag_jax import evaluation
   from rlrag_jax.experiments import headroom
-  from rlrag_jax.rollout.policy import Policy
   work = tmp_path / "run"
   config = tiny_config(work)
   config.export_hf = False
   res = trainer.run(config, progress=False)
   task, lm = trainer.task_for_checkpoint(tiny_config(work), work)
-  tok = task.tokenizer
-  policy = Policy(lm.config, lm.params, max_new_tokens=config.eval.max_new_tokens,
-                  eos_ids=tuple(lm.config.eos_token_id), pad_id=tok.pad_token_id or 0)
+  policy = trainer.checkpoint_policy(lm, task.tokenizer, config.eval.max_new_tokens)
   examples = list(task.eval)[: config.eval.num_examples]
   again = evaluation.evaluate(task, policy, examples, batch_size=config.eval.batch_size,
                               seed=config.seed, progress=False)

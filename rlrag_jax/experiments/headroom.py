@@ -119,19 +119,15 @@ def format_table(result: dict, k: int) -> str:
 def main(argv):
   del argv
   import jax
-  from rlrag_jax.rollout.policy import Policy
-  from rlrag_jax.trainer import task_for_checkpoint
+  from rlrag_jax.trainer import checkpoint_policy, task_for_checkpoint
   config = _CONFIG.value
   try:
     task, lm = task_for_checkpoint(config, _CKPT.value, step=_STEP.value)
   except FileNotFoundError as e:
     print(f"headroom: {e}", file=sys.stderr)
     return 2
-  tok = task.tokenizer
-  policy = Policy(lm.config, lm.params, max_new_tokens=config.rl.max_new_tokens,
-                  top_k=config.rl.top_k, top_p=config.rl.top_p,
-                  eos_ids=tuple(lm.config.eos_token_id) or (tok.eos_token_id,),
-                  pad_id=tok.pad_token_id or 0)
+  policy = checkpoint_policy(lm, task.tokenizer, config.rl.max_new_tokens,
+                             top_k=config.rl.top_k, top_p=config.rl.top_p)
   split = task.eval if _SPLIT.value == "eval" else task.train
   examples = list(split)[: _NUM.value]
   temps = [float(t) for t in _TEMPS.value]
