@@ -31,11 +31,12 @@ def test_apex_executor_is_sft_only():
     assert c.rl.steps == 0 and c.sft.steps > 0 and tuple(c.stages) == ("sft",)
 
 
-def test_apex_commands_import_together_with_the_trainer():
+def test_commands_that_tests_import_load_together_with_the_trainer():
   """Commands that tests import define their absl flags only when run (a second 'config' flag
   in one process is a DuplicateFlagError at collection)."""
   import importlib
-  for mod in ("rlrag_jax.train", "rlrag_jax.methods.apex.pipeline",
+  for mod in ("rlrag_jax.train", "rlrag_jax.experiments.headroom",
+              "rlrag_jax.methods.apex.pipeline",
               "rlrag_jax.methods.apex.self_instruct", "rlrag_jax.methods.apex.rewrite",
               "rlrag_jax.methods.apex.calibrate"):
     importlib.import_module(mod)

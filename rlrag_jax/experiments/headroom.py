@@ -31,15 +31,22 @@ import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "configs/<method>.py[:preset]")
-_CKPT = flags.DEFINE_string("checkpoint", None, "run directory or HF checkpoint directory")
-_STEP = flags.DEFINE_integer("step", None, "checkpoint step (default: latest)")
-_K = flags.DEFINE_integer("k", 8, "samples per question")
-_TEMPS = flags.DEFINE_list("temperatures", ["1.0", "0.7", "0.5"], "sampling temperatures")
-_SPLIT = flags.DEFINE_enum("split", "eval", ["eval", "train"], "which questions")
-_NUM = flags.DEFINE_integer("num", 200, "questions (the first N of the split)")
-_CHUNK = flags.DEFINE_integer("chunk", 25, "questions per rollout call")
-_OUT = flags.DEFINE_string("out", None, "write headroom.txt and headroom.json here")
+# Command-line flags are defined in define_flags(), only when this module runs as a command:
+# tests import it beside other commands, and a second 'config' flag is a DuplicateFlagError.
+_CONFIG = _CKPT = _STEP = _K = _TEMPS = _SPLIT = _NUM = _CHUNK = _OUT = None
+
+
+def define_flags() -> None:
+  global _CONFIG, _CKPT, _STEP, _K, _TEMPS, _SPLIT, _NUM, _CHUNK, _OUT
+  _CONFIG = config_flags.DEFINE_config_file("config", None, "configs/<method>.py[:preset]")
+  _CKPT = flags.DEFINE_string("checkpoint", None, "run directory or HF checkpoint directory")
+  _STEP = flags.DEFINE_integer("step", None, "checkpoint step (default: latest)")
+  _K = flags.DEFINE_integer("k", 8, "samples per question")
+  _TEMPS = flags.DEFINE_list("temperatures", ["1.0", "0.7", "0.5"], "sampling temperatures")
+  _SPLIT = flags.DEFINE_enum("split", "eval", ["eval", "train"], "which questions")
+  _NUM = flags.DEFINE_integer("num", 200, "questions (the first N of the split)")
+  _CHUNK = flags.DEFINE_integer("chunk", 25, "questions per rollout call")
+  _OUT = flags.DEFINE_string("out", None, "write headroom.txt and headroom.json here")
 
 
 def summarize(rewards) -> dict:
@@ -148,5 +155,6 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  define_flags()
   flags.mark_flags_as_required(["config", "checkpoint"])
   app.run(lambda argv: sys.exit(main(argv)))
