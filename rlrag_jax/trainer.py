@@ -178,6 +178,7 @@ def task_for_checkpoint(config, path, step: Optional[int] = None) -> tuple:
 def checkpoint_policy(lm: LM, tokenizer, max_new_tokens: int, **sampling) -> Policy:
   """A `Policy` over a loaded checkpoint: its params, its eos ids (else the tokenizer's) and the
   tokenizer's pad id; `sampling` sets temperature / top_k / top_p."""
-  return Policy(lm.config, lm.params, max_new_tokens=int(max_new_tokens),
-                eos_ids=tuple(lm.config.eos_token_id) or (tokenizer.eos_token_id,),
+  eos = tuple(lm.config.eos_token_id) or (
+      (tokenizer.eos_token_id,) if tokenizer.eos_token_id is not None else ())
+  return Policy(lm.config, lm.params, max_new_tokens=int(max_new_tokens), eos_ids=eos,
                 pad_id=tokenizer.pad_token_id or 0, **sampling)

@@ -154,10 +154,8 @@ def write_report(task, workdir, rlog) -> dict:
     text.append(runlog.format_table(rows, ["point"] + [k for k in st["delta"]],
                                     title="Stage 1 vs stage 2"))
   if config.eval.baselines:
-    from rlrag_jax.rollout.policy import Policy
     from rlrag_jax.trainer import load_trained
-    lm = load_trained(workdir)
-    policy = _eval_policy(lm, task, config)
+    policy = _eval_policy(load_trained(workdir), task, config)
     examples = list(task.eval)[: config.eval.num_examples]
     report["pipelines"] = evaluate_pipelines(task, policy, examples,
                                              batch_size=config.eval.batch_size, seed=config.seed)
@@ -171,34 +169,22 @@ def write_report(task, workdir, rlog) -> dict:
 
 
 def _eval_policy(lm, task, config):
-  from rlrag_jax.rollout.policy import Policy
-  tok = task.tokenizer
-  eos = tuple(lm.config.eos_token_id) or ((tok.eos_token_id,) if tok.eos_token_id is not None
-                                          else ())
-  return Policy(lm.config, lm.params, temperature=config.rl.temperature,
-                max_new_tokens=config.eval.max_new_tokens, eos_ids=eos,
-                pad_id=tok.pad_token_id or 0)
+  """The pipelines sample at the RL temperature where they sample at all."""
+  from rlrag_jax.trainer import checkpoint_policy
+  return checkpoint_policy(lm, task.tokenizer, config.eval.max_new_tokens,
+                           temperature=config.rl.temperature)
 
 
 # ------------------------------------------------------------------------------ CLI
 def main(argv=None) -> int:
-  from absl import app, flags  # pylint: disable=g-import-not-at-top
-  from ml_collections import config_flags
   del argv
   cfg = _FLAGS["config"].value
-  from rlrag_jax.tasks import get_task
-  from rlrag_jax.trainer import load_trained
-  ckpt = pathlib.Path(_FLAGS["checkpoint"].value)
+  from rlrag_jax.trainer import task_for_checkpoint
   try:
-    lm = load_trained(ckpt)
+    task, lm = task_for_checkpoint(cfg, _FLAGS["checkpoint"].value)
   except FileNotFoundError as e:
     print(f"search_baselines: {e}", file=sys.stderr)
     return 2
-  if (ckpt / "model").is_dir():
-    cfg.workdir = str(ckpt)
-  elif (ckpt / "config.json").exists():
-    cfg.model.init, cfg.model.path = "hf", str(ckpt)
-  task = get_task(cfg.method, cfg)
   examples = list(task.eval)[: cfg.eval.num_examples]
   pipelines = tuple(p for p in _FLAGS["pipelines"].value.split(",") if p)
   res = evaluate_pipelines(task, _eval_policy(lm, task, cfg), examples, pipelines=pipelines,
