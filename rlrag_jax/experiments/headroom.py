@@ -86,13 +86,14 @@ def headroom(task, policy, examples: Sequence, *, k: int, temperatures: Sequence
     for s in it:
       part = examples[s:s + chunk]
       rng, sub = jax.random.split(rng)
+      repeated = [ex for ex in part for _ in range(group)]
       if repeat["on"]:
-        eps = task.rollout(pol, [ex for ex in part for _ in range(group)], sub, greedy=greedy)
+        eps = task.rollout(pol, repeated, sub, greedy=greedy)
       else:
         eps = task.rollout(pol, part, sub, group_size=group, greedy=greedy)
         if group > 1 and len(eps) == len(part):   # a rollout that ignores group_size
           repeat["on"] = True
-          eps = task.rollout(pol, [ex for ex in part for _ in range(group)], sub, greedy=greedy)
+          eps = task.rollout(pol, repeated, sub, greedy=greedy)
       if len(eps) != len(part) * group:
         raise ValueError(f"headroom: {type(task).__name__}.rollout returned {len(eps)} episodes "
                          f"for {len(part)} questions x {group}")
