@@ -35,7 +35,9 @@ trainer (`rlrag_jax.trainer`) reads these sections for every method:
             pack_bucket; ppo (algo 'ppo': critic 'separate' = a value LM started from the
             policy's backbone and trained whole, or 'head' = a value head on the policy's
             current backbone, trained alone (no second backbone to train; the policy loss alone
-            shapes the features), gamma, lam (GAE), vf_lr, vf_clip (0 = unclipped value loss),
+            shapes the features), or 'tree_mc' = no value model: a tree rollout's parent-node
+            Monte-Carlo returns are the values), gamma, lam (GAE), vf_lr, vf_clip (0 =
+            unclipped value loss),
             whiten (advantages), mini_batches (per epoch; rl.mu epochs)).
   eval      every (RL steps; 0 = before and after RL only), num_examples, max_new_tokens,
             batch_size, optional OpenAI-compatible judge (judge_url, judge_model).

@@ -14,7 +14,9 @@ The tree knows nothing of models or methods. A method supplies four callbacks:
 
 Each non-root node is one decision. Its Monte-Carlo return is the mean reward of the leaves below
 it (itself, if it is a leaf); `decisions()` gives one training sample per decision with that
-return and a group key (the parent node), so siblings can be compared as a group.
+return, a group key (the parent node), so siblings can be compared as a group, and the parent's
+own return (`base`: a Monte-Carlo value of the state the decision was taken in; a decision
+without siblings has base == ret).
 """
 from __future__ import annotations
 
@@ -56,6 +58,8 @@ class Decision:
   tree: int
   depth: int
   action: Any
+  base: float = 0.0              # the parent node's Monte-Carlo return: the value of the state
+                                 # the decision was taken in, estimated by the tree itself
 
 
 @dataclasses.dataclass
@@ -69,7 +73,7 @@ class Forest:
   def decisions(self) -> list:
     """One sample per decision (every kept non-root node), in node order."""
     return [Decision(sample=n.sample, ret=n.ret, group=n.parent, node=n.id, tree=n.tree,
-                     depth=n.depth, action=n.action)
+                     depth=n.depth, action=n.action, base=self.nodes[n.parent].ret)
             for n in self.nodes if n.parent is not None and not n.pruned]
 
   def counts(self) -> dict:

@@ -9,7 +9,10 @@
   'ppo'                         PPOLearner: a critic (rl.ppo.critic 'separate': a value LM
                                 started from the policy's backbone and trained whole; 'head': a
                                 value head on the policy's own current backbone, which only the
-                                policy loss trains), the outcome reward on each episode's last
+                                policy loss trains; 'tree_mc': no value model, the value of a
+                                decision's state is its parent node's Monte-Carlo return in the
+                                rollout tree, Episode.info['baseline'], as VinePPO estimates
+                                values by rollouts), the outcome reward on each episode's last
                                 policy token, GAE(gamma, lambda) per token, optional advantage
                                 whitening, a clipped value loss with its own lr, rl.mu epochs of
                                 rl.ppo.mini_batches shuffled mini-batches.
@@ -34,7 +37,7 @@ from rlrag_jax.rollout.batch import logits_start, pack
 
 OUTCOME_ALGOS = tuple(adv_lib.ADVANTAGE_ESTIMATORS)
 ALGOS = OUTCOME_ALGOS + ("ppo",)
-CRITICS = ("separate", "head")
+CRITICS = ("separate", "head", "tree_mc")
 
 
 def check_algo(rl) -> str:
@@ -113,6 +116,11 @@ class PPOLearner:
     if int(self.ppo.mini_batches) < 1 or int(rl.micro_batches) < 1:
       raise ValueError(f"config keys 'rl.ppo.mini_batches' = {self.ppo.mini_batches} and "
                        f"'rl.micro_batches' = {rl.micro_batches} must be >= 1")
+    self._gae = jax.jit(adv_lib.gae, static_argnums=(3, 4))
+    self.tree_mc = self.ppo.critic == "tree_mc"
+    if self.tree_mc:        # the rollout tree supplies the values: no model to build or train
+      self.has_critic = False
+      return
     self.module = ValueLM(model_cfg)
     self.opt = ts.make_optimizer(ts.OptimizerConfig(
         lr=self.ppo.vf_lr, schedule=rl.lr_schedule, warmup_ratio=rl.warmup_ratio,
@@ -130,13 +138,15 @@ class PPOLearner:
         self.module, self.opt, mesh, clip_eps=clip if clip > 0 else None,
         aggregation=rl.aggregation, max_len=rl.max_new_tokens, micro_batches=rl.micro_batches)
     self.value_fn = ts.make_value_fn(self.module, mesh, micro_batches=rl.micro_batches)
-    self._gae = jax.jit(adv_lib.gae, static_argnums=(3, 4))
     self.hidden = model_cfg.hidden_size
     self.param_dtype = model_cfg.params_dtype
 
   # ---- critic state
   def init_critic(self, policy_params, key):
-    """A critic TrainState: the policy's backbone and a fresh value head (kernel N(0, 0.02))."""
+    """A critic TrainState: the policy's backbone and a fresh value head (kernel N(0, 0.02));
+    None for 'tree_mc', which has no critic."""
+    if self.tree_mc:
+      return None
     head = {"kernel": (0.02 * jax.random.normal(key, (self.hidden, 1))).astype(self.param_dtype),
             "bias": jnp.zeros((1,), self.param_dtype)}
     params = value_params_from_policy(jax.device_get(policy_params), {"value_head": head})
@@ -169,16 +179,32 @@ class PPOLearner:
       host["old_logp"] = np.asarray(self.steps.logp(state.params, dev, start))
     if self.steps.with_ref:
       host["ref_logp"] = np.asarray(self.steps.logp(ref_params, dev, start))
-    values = self.value_fn(critic.params, dev)
     mask = (host["loss_mask"] > 0).astype(np.float32)
     mask[:, 0] = 0.0
     rewards = _token_rewards(episodes, totals, host, mask)
-    adv, returns = self._gae(rewards, values, jnp.asarray(mask), float(ppo.gamma),
-                             float(ppo.lam))
-    metrics = {"vf/explained_variance": explained_variance(values, returns, mask),
-               "vf/return_mean": _masked_mean(returns, mask)}
+    if self.tree_mc:
+      # Every token of a decision takes the state value of the decision's parent node; GAE
+      # at lambda 1 then gives each token its return-to-go minus that value.
+      values = jnp.asarray(_tree_values(episodes, mask))
+      adv, returns = self._gae(rewards, values, jnp.asarray(mask), float(ppo.gamma), 1.0)
+      nonzero = (np.abs(np.asarray(adv)) > 1e-6) & (mask > 0)
+      metrics = {"tree/adv_tokens_frac": float(nonzero.sum() / max(mask.sum(), 1.0)),
+                 "tree/adv_abs_mean": _masked_mean(np.abs(np.asarray(adv)), mask)}
+    else:
+      values = self.value_fn(critic.params, dev)
+      adv, returns = self._gae(rewards, values, jnp.asarray(mask), float(ppo.gamma),
+                               float(ppo.lam))
+      metrics = {"vf/explained_variance": explained_variance(values, returns, mask),
+                 "vf/return_mean": _masked_mean(returns, mask)}
     if ppo.whiten:
-      adv = adv_lib.masked_whiten(adv, jnp.asarray(mask))
+      if self.tree_mc:
+        # Tree values centre each decision on its own state, and a decision without siblings
+        # has exactly 0: divide by the spread only, so that no mean shift gives those a sign.
+        a, mk = np.asarray(adv, np.float64), mask > 0
+        std = float(a[mk].std()) if mk.any() else 0.0
+        adv = jnp.asarray(a / std if std > 1e-8 else a, jnp.float32)
+      else:
+        adv = adv_lib.masked_whiten(adv, jnp.asarray(mask))
     host["advantages"] = np.asarray(adv, np.float32)
     host["returns"] = np.asarray(returns, np.float32)
     host["old_values"] = np.asarray(values, np.float32)
@@ -201,7 +227,9 @@ class PPOLearner:
         rows = order[j * size:(j + 1) * size]
         sub = lambda keys: sharding.shard_batch({k: host[k][rows] for k in keys}, self.mesh)
         state, pm = self.steps.rl_step(state, sub(pol_keys), start)
-        critic, vm = self.value_step(critic, sub(val_keys), 0)
+        vm = {}
+        if not self.tree_mc:
+          critic, vm = self.value_step(critic, sub(val_keys), 0)
         for k, v in list(pm.items()) + [(f"vf/{k}", v) for k, v in vm.items()]:
           sums.setdefault(k, []).append(float(v))
     metrics.update({k: float(np.mean(v)) for k, v in sums.items()})
@@ -237,6 +265,21 @@ def _token_rewards(episodes, totals, host, mask):
     row[p_len:p_len + len(per)] = per
     out[i] = row * mask[i]
   return jnp.asarray(out)
+
+
+def _tree_values(episodes, mask) -> np.ndarray:
+  """Values [B, T] for rl.ppo.critic='tree_mc': each episode's info['baseline'] (its parent
+  node's Monte-Carlo return, set by a tree rollout) on its loss tokens."""
+  base = []
+  for i, e in enumerate(episodes):
+    info = getattr(e, "info", {}) or {}
+    if "baseline" not in info:
+      raise ValueError(
+          f"config key 'rl.ppo.critic' is 'tree_mc', but episode {i} has no "
+          "info['baseline'] (the Monte-Carlo value of its state); only a tree rollout that "
+          "records its decisions' parent returns (rollout.tree.Decision.base) provides it")
+    base.append(float(info["baseline"]))
+  return np.asarray(base, np.float32)[:, None] * np.asarray(mask, np.float32)
 
 
 def explained_variance(values, returns, mask) -> float:

@@ -44,6 +44,12 @@ def test_tiny_tree_by_hand():
   first = [d for d in decisions if d.group == root0]
   assert sorted((d.action, d.ret) for d in first) == [("N", 0.5), ("Y", 1.0)]
   assert all(d.sample == (forest.nodes[d.group].state, d.action) for d in decisions)
+  # Each decision's base is its parent's return: the root's for the first level, and a
+  # decision without siblings (linear completion) has base == ret.
+  assert all(d.base == pytest.approx(2 / 3) for d in first)
+  assert {(forest.nodes[d.group].state, d.base) for d in decisions if d.tree == 0
+          and d.depth == 2} == {("Y", 1.0), ("N", 0.5)}
+  assert all(d.base == pytest.approx(d.ret) for d in decisions if d.depth == 3)
   # Past the depth limit the policy samples (action None): one child per node.
   linear = [d for d in decisions if d.depth == 3]
   assert len(linear) == 3 and all(d.action is None for d in linear)

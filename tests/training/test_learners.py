@@ -96,6 +96,50 @@ def test_ppo_update_uses_hand_computed_gae_and_value_loss():
   assert logits_start(host["loss_mask"], 8) == 0
 
 
+def test_tree_mc_advantage_is_the_return_minus_the_parent_value():
+  """rl.ppo.critic='tree_mc': no value model; every policy token's advantage is its discounted
+  return-to-go minus its episode's info['baseline'], computed here by an explicit formula."""
+  mesh = sharding.make_mesh(data=1, fsdp=1, tensor=1)
+  c = _config("ppo", critic="tree_mc", gamma=0.9, whiten=False, mini_batches=1)
+  c.rl.mu = 1
+  c.rl.steps = 3
+  steps = trainer.Steps(c, CFG, mesh, 0, 3)
+  learner = learners.make_learner(c, steps, mesh, CFG, pad_id=0)
+  assert not learner.has_critic
+  fresh = lambda: steps.new_state(init_params(steps.module, jax.random.PRNGKey(0)), "rl")
+  state = fresh()          # each update donates its state
+  assert learner.init_critic(state.params, jax.random.PRNGKey(3)) is None
+  eps = _episodes()
+  bases = (0.5, 0.5, 2.0, -1.0)      # the last row's one token ends at its value: A = 0
+  for e, b in zip(eps, bases):
+    e.info = {"baseline": b}
+  scores = [{"total": s} for s in (1.0, 0.0, 2.0, -1.0)]
+  hand, toks = 0.0, 0
+  for e, s, b in zip(eps, scores, bases):
+    idx = [t for t, k in enumerate(e.loss_mask) if k]
+    for j, _ in enumerate(reversed(idx)):          # j policy tokens after this one
+      hand += 0.9 ** j * s["total"] - b
+      toks += 1
+  _, critic, m = learner.update(state, None, eps, scores, None, jax.random.PRNGKey(4))
+  assert critic is None and not any(k.startswith("vf/") for k in m)
+  # On-policy ratio 1: the token-mean policy loss is minus the mean advantage.
+  assert m["pg_loss"] == pytest.approx(-hand / toks, rel=1e-5)
+  # Zero: row 3's last token (2 - 2) and row 4's only token (-1 - -1); 7 of 9 are not.
+  assert m["tree/adv_tokens_frac"] == pytest.approx(7 / 9)
+  # Whitened: divided by the advantages' spread, not shifted (the zeros stay zero).
+  adv = []
+  for e, s_, b in zip(eps, scores, bases):
+    n = sum(e.loss_mask)
+    adv += [0.9 ** j * s_["total"] - b for j in range(n)]
+  c.rl.ppo.whiten = True
+  learner = learners.make_learner(c, steps, mesh, CFG, pad_id=0)
+  _, _, m = learner.update(fresh(), None, eps, scores, None, jax.random.PRNGKey(4))
+  assert m["pg_loss"] == pytest.approx(-np.mean(adv) / np.std(adv), rel=1e-5)
+  eps[2].info = {}
+  with pytest.raises(ValueError, match=r"tree_mc.*episode 2 has no info\['baseline'\]"):
+    learner.update(fresh(), None, eps, scores, None, jax.random.PRNGKey(4))
+
+
 def test_ppo_mini_batches_visit_every_episode_once_per_epoch():
   mesh = sharding.make_mesh(data=1, fsdp=1, tensor=1)
   c = _config("ppo", mini_batches=2)

@@ -355,7 +355,7 @@ class ProxyTask:
                                 prompt_ids=self.role_prompt_ids(smp.role, smp.prompt),
                                 completion_ids=comp, loss_mask=[1] * len(comp), text="",
                                 info={"group": d.group, "role": smp.role,
-                                      "forced": smp.forced}))
+                                      "forced": smp.forced, "baseline": float(d.base)}))
         scores.append({"total": float(d.ret), **{f"is_{r}": float(smp.role == r)
                                                    for r in agent_lib.ROLES}, **stats})
     if not episodes:        # every question answered before any decision: nothing to learn
@@ -364,7 +364,8 @@ class ProxyTask:
       episodes.append(Episode(example=examples[0],
                               prompt_ids=self.encode(self._probe_agent().rd_prompt(st)),
                               completion_ids=comp, loss_mask=[0] * len(comp), text="",
-                              info={"group": -1, "role": "rd", "padding": True}))
+                              info={"group": -1, "role": "rd", "padding": True,
+                                    "baseline": 0.0}))
       scores.append({"total": 0.0, **{f"is_{r}": 0.0 for r in agent_lib.ROLES}, **stats})
     want = geometric_round(len(episodes), max(8, int(self.config.rl.micro_batches)),
                            per_octave=2)
