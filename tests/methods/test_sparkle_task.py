@@ -85,6 +85,28 @@ def test_tree_ppo_trains_reports_and_resumes(tmp_path, reader):
   assert strip(resumed.after["all"]) == pytest.approx(strip(whole.after["all"]))
 
 
+def test_tree_values_instead_of_a_critic_train_and_resume(tmp_path, reader):
+  """rl.ppo.critic='tree_mc': every decision carries its parent's return, no value model is
+  trained or saved, and a killed run resumes to the same result."""
+  def cfg(name):
+    c = _proxy_cfg(tmp_path / name, reader)
+    c.rl.ppo.critic = "tree_mc"
+    c.rl.steps = 2
+    return c
+
+  whole = trainer.run(cfg("whole"), progress=False)
+  rows = [json.loads(l) for l in (tmp_path / "whole" / "metrics.jsonl").open()]
+  rl = [r for r in rows if r.get("stage") == "rl"]
+  assert len(rl) == 2
+  for r in rl:
+    assert not any(k.startswith("vf/") for k in r)
+    assert 0.0 <= r["tree/adv_tokens_frac"] <= 1.0
+  assert trainer.run(cfg("cut"), progress=False, stop_after=4 + 1) is None
+  resumed = trainer.run(cfg("cut"), progress=False, resume=True)
+  strip = lambda d: {k: v for k, v in d.items() if "latency" not in k}
+  assert strip(resumed.after["all"]) == pytest.approx(strip(whole.after["all"]))
+
+
 def test_standard_rollout_switch_and_sft_samples(tmp_path, reader):
   c = _proxy_cfg(tmp_path / "std", reader)
   c.sparkle.rollout = "standard"
@@ -98,6 +120,9 @@ def test_standard_rollout_switch_and_sft_samples(tmp_path, reader):
              t.sft_samples(ex)]
   assert parsing.YES in targets[0] and parsing.QUERY in targets[1]
   assert t.sft_counts["kept"] <= t.sft_counts["oracle"] <= len(t.train)
+  c.rl.ppo.critic = "tree_mc"          # no sibling branches to take values from
+  with pytest.raises(ValueError, match="'tree_mc'.*'standard'"):
+    sparkle_task.make_task(c)
   c.sparkle.rollout = "sideways"
   with pytest.raises(ValueError, match="sparkle.rollout"):
     sparkle_task.make_task(c)

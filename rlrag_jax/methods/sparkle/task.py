@@ -100,6 +100,11 @@ class ProxyTask:
     if int(config.rl.group_size) != 1:
       raise ValueError(f"config key 'rl.group_size' is {config.rl.group_size}: SPARKLE grows one "
                        "tree per question (set rl.group_size=1)")
+    if (s.rollout == "standard" and config.rl.get("algo") == "ppo"
+        and config.rl.ppo.get("critic") == "tree_mc"):
+      raise ValueError("config key 'rl.ppo.critic' is 'tree_mc', whose values come from sibling "
+                       "branches, but 'sparkle.rollout' is 'standard' (no siblings: every "
+                       "advantage would be 0); use a value model or the tree rollout")
     sel = sources.select(config.data, seed=config.seed)
     self.train, self.eval = list(sel.train), list(sel.eval)
     self.env = CorpusSearch(config, sel, encoder)
