@@ -4,7 +4,6 @@ resume), the standard-rollout switch, and the ':paper' preset shrunk onto tiny H
 and the real data samples."""
 import json
 
-import ml_collections
 import pytest
 
 from rlrag_jax import config_base, trainer
