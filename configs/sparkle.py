@@ -37,8 +37,10 @@ Differences from the paper, with the reason:
     defaults), not in the paper: clip 0.2, value clip 0.2, GAE λ 0.95, γ 1, the k1 KL estimator,
     temperature 1.0, 160 generated tokens per call. Their code adds the KL to the per-token
     reward with a coefficient scaled by each action's length and normalises advantages per
-    action type; here the KL is the trainer's loss term (rl.kl_beta, rl.kl_estimator) and the
-    advantages are whitened over the batch (rl.ppo.whiten).
+    action type; here the KL is the trainer's loss term (rl.kl_beta, rl.kl_estimator). The
+    ':paper' preset whitens the advantages per action type as their code does
+    (rl.ppo.whiten_by='role'); the CPU default whitens over the whole batch (per role, seed 0:
+    F1 0.188 -> 0.162 after PPO, against 0.168 with one whitening; not adopted).
   - The reward: α·Recall + (1 − α)·F1 with α = 0.3 as the paper writes it
     (sparkle.reward.weighting='paper'); the released code weights them the other way round
     ('code').
@@ -148,6 +150,7 @@ def get_config(arg: str = ""):
     c.rl.prompts_per_step = 64
     c.rl.lr = 5e-7
     c.rl.ppo.vf_lr = 5e-6
+    c.rl.ppo.whiten_by = "role"         # the authors' code normalises per action type
     c.rl.max_new_tokens = 160
     c.rl.micro_batches = 1
     c.eval.max_new_tokens = 160

@@ -38,7 +38,8 @@ trainer (`rlrag_jax.trainer`) reads these sections for every method:
             shapes the features), or 'tree_mc' = no value model: a tree rollout's parent-node
             Monte-Carlo returns are the values), gamma, lam (GAE), vf_lr, vf_clip (0 =
             unclipped value loss),
-            whiten (advantages), mini_batches (per epoch; rl.mu epochs)).
+            whiten (advantages), whiten_by (an Episode.info key, e.g. SPARKLE's 'role': whiten
+            separately within each of its values), mini_batches (per epoch; rl.mu epochs)).
   eval      every (RL steps; 0 = before and after RL only), num_examples, max_new_tokens,
             batch_size, optional OpenAI-compatible judge (judge_url, judge_model).
   checkpoint  every, keep;  log_every;  export_hf (an HF checkpoint of the final policy).
@@ -109,6 +110,7 @@ def trainer_config(method: str, workdir: str) -> ml_collections.ConfigDict:
       # rl.algo == 'ppo' only: the critic and GAE (rlrag_jax.training.learners.PPOLearner)
       ppo=ml_collections.ConfigDict(dict(
           critic="separate", gamma=1.0, lam=0.95, vf_lr=1e-4, vf_clip=0.2, whiten=True,
+          whiten_by="",   # an Episode.info key: whiten separately per value (e.g. 'role')
           mini_batches=1))))
 
   c.eval = ml_collections.ConfigDict(dict(every=0, num_examples=200, max_new_tokens=128,

@@ -53,6 +53,14 @@ def updates_per_step(rl) -> int:
   return int(rl.mu) * mini
 
 
+def episode_unit(rl) -> int:
+  """The number a step's episode count must be a multiple of: rl.micro_batches in each of
+  the rl.ppo.mini_batches mini-batches (PPO), else rl.micro_batches. A task that pads its own
+  episode count (a `collect` hook) pads to a multiple of this."""
+  mini = int(rl.ppo.mini_batches) if check_algo(rl) == "ppo" else 1
+  return int(rl.micro_batches) * mini
+
+
 def make_learner(config, steps, mesh, model_cfg, pad_id: int):
   algo = check_algo(config.rl)
   if algo == "ppo":
@@ -197,14 +205,7 @@ class PPOLearner:
       metrics = {"vf/explained_variance": explained_variance(values, returns, mask),
                  "vf/return_mean": _masked_mean(returns, mask)}
     if ppo.whiten:
-      if self.tree_mc:
-        # Tree values centre each decision on its own state, and a decision without siblings
-        # has exactly 0: divide by the spread only, so that no mean shift gives those a sign.
-        a, mk = np.asarray(adv, np.float64), mask > 0
-        std = float(a[mk].std()) if mk.any() else 0.0
-        adv = jnp.asarray(a / std if std > 1e-8 else a, jnp.float32)
-      else:
-        adv = adv_lib.masked_whiten(adv, jnp.asarray(mask))
+      adv = self._whiten(adv, mask, episodes)
     host["advantages"] = np.asarray(adv, np.float32)
     host["returns"] = np.asarray(returns, np.float32)
     host["old_values"] = np.asarray(values, np.float32)
@@ -234,6 +235,36 @@ class PPOLearner:
           sums.setdefault(k, []).append(float(v))
     metrics.update({k: float(np.mean(v)) for k, v in sums.items()})
     return state, critic, metrics
+
+  def _whiten(self, adv, mask, episodes):
+    """Advantages whitened over the batch, or, with rl.ppo.whiten_by naming an Episode.info
+    key, separately over the episodes that share its value (the SPARKLE authors normalise per
+    action type). With tree values each decision is centred on its own state already, and a
+    decision without siblings has exactly 0: those are divided by the spread only, so that no
+    mean shift gives the zeros a sign."""
+    key = str(self.ppo.get("whiten_by", "") or "")
+    if not key and not self.tree_mc:
+      return adv_lib.masked_whiten(adv, jnp.asarray(mask))
+    if key:
+      missing = [i for i, e in enumerate(episodes) if key not in getattr(e, "info", {})]
+      if missing:
+        raise ValueError(f"config key 'rl.ppo.whiten_by' = {key!r}: episode {missing[0]} of "
+                         f"this step has no info[{key!r}]")
+      labels = [e.info[key] for e in episodes]
+    else:
+      labels = [None] * len(episodes)
+    a = np.asarray(adv, np.float64)
+    out = np.zeros_like(a)
+    for lab in dict.fromkeys(labels):
+      m = (mask > 0) & np.array([l == lab for l in labels])[:, None]
+      if not m.any():
+        continue
+      if self.tree_mc:
+        std = float(a[m].std())
+        out[m] = a[m] / std if std > 1e-8 else a[m]
+      else:
+        out[m] = (a[m] - a[m].mean()) / np.sqrt(a[m].var() + 1e-8)
+    return jnp.asarray(out, jnp.float32)
 
 
 def _group_keys(episodes):

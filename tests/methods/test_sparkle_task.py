@@ -110,7 +110,13 @@ def test_standard_rollout_switch_and_sft_samples(tmp_path, reader):
   c = _proxy_cfg(tmp_path / "std", reader)
   c.sparkle.rollout = "standard"
   c.rl.steps = 1
+  # Several PPO epochs of mini-batches: the episode count is padded to what both splits need
+  # (2 mini-batches of a multiple of 3 micro-batches), which no fixed bucket of 8 gives.
+  c.rl.update(dict(mu=2, micro_batches=3))
+  c.rl.ppo.mini_batches = 2
   res = trainer.run(c, progress=False)
+  rl = [json.loads(l) for l in (tmp_path / "std" / "metrics.jsonl").open()]
+  assert [r for r in rl if r.get("stage") == "rl"][0]["vf/loss"] >= 0
   assert "standard-rollout PPO" in (tmp_path / "std" / "sparkle_report.txt").read_text()
   assert res.after["all"]["n"] == 6
   t = sparkle_task.make_task(c)

@@ -167,6 +167,48 @@ def test_ppo_mini_batches_visit_every_episode_once_per_epoch():
   for epoch in range(3):
     assert sorted(seen[2 * epoch] + seen[2 * epoch + 1]) == [40, 41, 42, 43]
   assert learners.updates_per_step(c.rl) == 6
+  # A task that pads its own episode count pads to micro-batches times mini-batches.
+  c.rl.micro_batches = 3
+  assert learners.episode_unit(c.rl) == 6
+  c.rl.algo = "grpo"                   # no mini-batches outside PPO
+  assert learners.episode_unit(c.rl) == 3
+
+
+def test_advantages_whitened_per_action_type():
+  """rl.ppo.whiten_by='role': each role's policy tokens are whitened over that role's tokens
+  only (the SPARKLE authors normalise per action type). With tree values: divided by the
+  role's spread, unshifted, against R - b by hand."""
+  mesh = sharding.make_mesh(data=1, fsdp=1, tensor=1)
+  totals, bases, roles = (1.0, 0.0, 2.0, -1.0), (0.5, 0.5, 0.0, 1.0), ("rd", "rd", "qf", "qf")
+  for critic in ("tree_mc", "separate"):
+    c = _config("ppo", critic=critic, gamma=1.0, lam=1.0, whiten=True, whiten_by="role")
+    steps = trainer.Steps(c, CFG, mesh, 0, 2)
+    learner = learners.make_learner(c, steps, mesh, CFG, pad_id=0)
+    seen = {}
+    steps.rl_step = lambda st, batch, start: (seen.update(
+        {k: np.asarray(v) for k, v in batch.items()}) or st, {"loss": 0.0})
+    learner.value_step = lambda st, batch, start: (st, {"loss": 0.0})
+    state = steps.new_state(init_params(steps.module, jax.random.PRNGKey(0)), "rl")
+    crit = learner.init_critic(state.params, jax.random.PRNGKey(1))
+    eps = _episodes()
+    for e, b, r in zip(eps, bases, roles):
+      e.info = {"baseline": b, "role": r}
+    learner.update(state, crit, eps, [{"total": t} for t in totals], None,
+                   jax.random.PRNGKey(2))
+    adv = seen["advantages"]
+    mask = seen["loss_mask"] > 0
+    mask[:, 0] = False
+    for rows in ((0, 1), (2, 3)):
+      m = mask.copy()
+      m[[i for i in range(4) if i not in rows]] = False
+      if critic == "separate":
+        assert abs(adv[m].mean()) < 1e-5 and abs(adv[m].std() - 1.0) < 1e-3
+      else:
+        raw = np.concatenate([np.full(int(m[i].sum()), totals[i] - bases[i]) for i in rows])
+        np.testing.assert_allclose(np.concatenate([adv[i][m[i]] for i in rows]),
+                                   raw / raw.std(), rtol=1e-5)
+  with pytest.raises(ValueError, match="'rl.ppo.whiten_by' = 'role': episode 0"):
+    learner.update(state, crit, _episodes(), [{"total": 0.0}] * 4, None, jax.random.PRNGKey(2))
 
 
 def test_algo_names_are_read_not_ignored():

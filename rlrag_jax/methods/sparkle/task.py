@@ -30,6 +30,7 @@ from rlrag_jax.methods.sparkle.triples import TripleStore
 from rlrag_jax.retrieval.corpus_search import CorpusSearch
 from rlrag_jax.rollout.single_turn import decode_keeping_tags
 from rlrag_jax.tasks import Episode
+from rlrag_jax.training import learners
 
 ROLES = ("proxy", "reader")
 ROLLOUTS = ("tree", "standard")
@@ -372,8 +373,8 @@ class ProxyTask:
                               info={"group": -1, "role": "rd", "padding": True,
                                     "baseline": 0.0}))
       scores.append({"total": 0.0, **{f"is_{r}": 0.0 for r in agent_lib.ROLES}, **stats})
-    want = geometric_round(len(episodes), max(8, int(self.config.rl.micro_batches)),
-                           per_octave=2)
+    unit = learners.episode_unit(self.config.rl)
+    want = geometric_round(len(episodes), unit * max(1, -(-8 // unit)), per_octave=2)
     for k in range(want - len(episodes)):
       e = episodes[k % len(episodes)]
       episodes.append(dataclasses.replace(e, loss_mask=[0] * len(e.loss_mask),
