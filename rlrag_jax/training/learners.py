@@ -47,18 +47,21 @@ def check_algo(rl) -> str:
   return algo
 
 
+def _mini_batches(rl) -> int:
+  """Mini-batches per epoch: rl.ppo.mini_batches for PPO, else the whole batch."""
+  return int(rl.ppo.mini_batches) if check_algo(rl) == "ppo" else 1
+
+
 def updates_per_step(rl) -> int:
   """Optimizer updates one RL step makes (for the lr schedule's length)."""
-  mini = int(rl.ppo.mini_batches) if check_algo(rl) == "ppo" else 1
-  return int(rl.mu) * mini
+  return int(rl.mu) * _mini_batches(rl)
 
 
 def episode_unit(rl) -> int:
   """The number a step's episode count must be a multiple of: rl.micro_batches in each of
-  the rl.ppo.mini_batches mini-batches (PPO), else rl.micro_batches. A task that pads its own
-  episode count (a `collect` hook) pads to a multiple of this."""
-  mini = int(rl.ppo.mini_batches) if check_algo(rl) == "ppo" else 1
-  return int(rl.micro_batches) * mini
+  the mini-batches. A task that pads its own episode count (a `collect` hook) pads to a
+  multiple of this."""
+  return int(rl.micro_batches) * _mini_batches(rl)
 
 
 def make_learner(config, steps, mesh, model_cfg, pad_id: int):
@@ -253,18 +256,22 @@ class PPOLearner:
       labels = [e.info[key] for e in episodes]
     else:
       labels = [None] * len(episodes)
+    if not self.tree_mc:       # each label's tokens whitened alone; 0 outside its mask
+      return sum(adv_lib.masked_whiten(adv, jnp.asarray(mask * _rows(labels, lab)))
+                 for lab in dict.fromkeys(labels))
     a = np.asarray(adv, np.float64)
     out = np.zeros_like(a)
     for lab in dict.fromkeys(labels):
-      m = (mask > 0) & np.array([l == lab for l in labels])[:, None]
-      if not m.any():
-        continue
-      if self.tree_mc:
+      m = (mask * _rows(labels, lab)) > 0
+      if m.any():
         std = float(a[m].std())
         out[m] = a[m] / std if std > 1e-8 else a[m]
-      else:
-        out[m] = (a[m] - a[m].mean()) / np.sqrt(a[m].var() + 1e-8)
     return jnp.asarray(out, jnp.float32)
+
+
+def _rows(labels, lab) -> np.ndarray:
+  """[B, 1] float mask of the episodes whose label is `lab`."""
+  return np.array([l == lab for l in labels], np.float32)[:, None]
 
 
 def _group_keys(episodes):

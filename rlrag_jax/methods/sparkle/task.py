@@ -373,8 +373,8 @@ class ProxyTask:
                               info={"group": -1, "role": "rd", "padding": True,
                                     "baseline": 0.0}))
       scores.append({"total": 0.0, **{f"is_{r}": 0.0 for r in agent_lib.ROLES}, **stats})
-    unit = learners.episode_unit(self.config.rl)
-    want = geometric_round(len(episodes), unit * max(1, -(-8 // unit)), per_octave=2)
+    unit = learners.episode_unit(self.config.rl)    # the smallest multiple of it >= 8
+    want = geometric_round(len(episodes), unit * -(-8 // unit), per_octave=2)
     for k in range(want - len(episodes)):
       e = episodes[k % len(episodes)]
       episodes.append(dataclasses.replace(e, loss_mask=[0] * len(e.loss_mask),
