@@ -1,0 +1,268 @@
+"""How much of one RL step's gradient is signal: the policy gradient's noise at a checkpoint.
+
+  python -m rlrag_jax.experiments.grad_noise --config=configs/arena.py --checkpoint=runs/arena \\
+      [--batches=16 --split=train --out=DIR]
+
+An RL step estimates the gradient of the expected reward from `rl.prompts_per_step` x
+`rl.group_size` samples. If that estimate is mostly noise, the optimiser walks at random:
+the weights move (the KL to the warm-up grows) while the reward does not. This command measures
+it. From the checkpoint it draws `--batches` independent training batches, each as an RL step
+would (the task's rollout at `rl.temperature`, its reward, and the learner's own advantages and
+packing), and takes the raw gradient of the policy loss on each (no clipping, no optimiser; the
+KL term is left out, since its gradient is zero at the reference). With g_1 … g_K the batch
+gradients, mu their expectation and Sigma their covariance:
+
+  signal  ||mu||^2, estimated without bias as the mean dot product of two different batches'
+          gradients (sum_{i != j} g_i . g_j / (K (K - 1)));
+  noise   tr(Sigma) = mean ||g_k||^2 - signal;
+  snr     signal / noise for one batch; an average over n batches has n times it, so
+          1 / snr is the number of batches (steps, for a plain gradient method) needed before
+          the direction is more signal than noise;
+  cosine  signal / mean ||g_k||^2: the expected cosine of two batches' gradients.
+
+For comparison the same is measured for the SFT loss on the same questions, built as the SFT
+stage builds it (every `sft_samples` sample of a question, else its one gold target). Only running sums
+of the gradients are kept, so memory is two copies of the parameters whatever K is.
+"""
+from __future__ import annotations
+
+import json
+import pathlib
+import sys
+from typing import Sequence
+
+import numpy as np
+from absl import app, flags
+from ml_collections import config_flags
+
+# Flags are defined only when this module runs as a command (tests import it beside others).
+_CONFIG = _CKPT = _STEP = _BATCHES = _SPLIT = _OUT = None
+
+
+def define_flags() -> None:
+  global _CONFIG, _CKPT, _STEP, _BATCHES, _SPLIT, _OUT
+  _CONFIG = config_flags.DEFINE_config_file("config", None, "configs/<method>.py[:preset]")
+  _CKPT = flags.DEFINE_string("checkpoint", None, "run directory or HF checkpoint directory")
+  _STEP = flags.DEFINE_integer("step", None, "checkpoint step (default: latest)")
+  _BATCHES = flags.DEFINE_integer("batches", 16, "independent batches (K >= 2)")
+  _SPLIT = flags.DEFINE_enum("split", "train", ["train", "eval"], "which questions")
+  _OUT = flags.DEFINE_string("out", None, "write grad_noise.txt and grad_noise.json here")
+
+
+class NoiseMeter:
+  """Running sums over gradient pytrees: sum of g, sum of ||g||^2 and the count."""
+
+  def __init__(self):
+    self.total = None
+    self.sq = 0.0
+    self.k = 0
+
+  def add(self, grad) -> None:
+    import jax
+    import jax.numpy as jnp
+    g = jax.tree_util.tree_map(lambda x: jnp.asarray(x, jnp.float32), grad)
+    self.sq += float(sum(jnp.vdot(x, x) for x in jax.tree_util.tree_leaves(g)))
+    self.total = g if self.total is None else jax.tree_util.tree_map(jnp.add, self.total, g)
+    self.k += 1
+
+  def stats(self) -> dict:
+    import jax
+    import jax.numpy as jnp
+    if self.k < 2:
+      raise ValueError(f"grad_noise: {self.k} gradient(s); signal and noise need at least 2")
+    total_sq = float(sum(jnp.vdot(x, x) for x in jax.tree_util.tree_leaves(self.total)))
+    return noise_stats(total_sq, self.sq, self.k)
+
+
+def noise_stats(sum_norm_sq: float, sum_of_norms_sq: float, k: int) -> dict:
+  """From ||sum_k g_k||^2, sum_k ||g_k||^2 and K: {'k', 'mean_norm_sq', 'signal', 'noise',
+  'snr', 'batches_for_snr_1', 'cosine'} (see the module docstring). `signal` may come out
+  negative when it is small against the noise (an unbiased estimate); `snr` and `cosine` are
+  then reported as they are and `batches_for_snr_1` as inf."""
+  if k < 2:
+    raise ValueError(f"grad_noise: K = {k}; need at least 2 batches")
+  mean_sq = sum_of_norms_sq / k
+  signal = (sum_norm_sq - sum_of_norms_sq) / (k * (k - 1))
+  noise = mean_sq - signal
+  snr = signal / noise if noise > 0 else float("inf")
+  return {"k": int(k), "mean_norm_sq": mean_sq, "signal": signal, "noise": noise, "snr": snr,
+          "batches_for_snr_1": (1.0 / snr) if snr > 0 else float("inf"),
+          "cosine": signal / mean_sq if mean_sq > 0 else 0.0}
+
+
+def _sgd_state(module, mesh, params):
+  """A train state whose optimiser is plain SGD with step 1: new params = params - grad."""
+  import optax
+  from rlrag_jax.rl import train_step as ts
+  opt = optax.sgd(1.0)
+  return opt, ts.create_train_state(module, opt, mesh, params=params)
+
+
+def _copy(tree):
+  """A copy of a train state: the jitted steps donate (and so delete) their input state."""
+  import jax
+  import jax.numpy as jnp
+  return jax.tree_util.tree_map(jnp.copy, tree)
+
+
+def _difference(before, after):
+  import jax
+  return jax.tree_util.tree_map(lambda a, b: a - b, before, after)
+
+
+def _sft_rows(task, exs) -> tuple:
+  """(prompts, targets, masks) of the SFT loss on `exs`, as the SFT stage builds them: every
+  (prompt, target, mask) sample of a task with `sft_samples`, else one gold target each."""
+  if hasattr(task, "sft_samples"):
+    rows = [r for ex in exs for r in task.sft_samples(ex)]
+    if not rows:
+      raise ValueError("grad_noise: the batch's questions have no SFT samples")
+    prompts, targets, masks = (list(x) for x in zip(*rows))
+    return prompts, targets, [m if m is not None else [1] * len(t)
+                              for m, t in zip(masks, targets)]
+  masks = [task.sft_loss_mask(ex) for ex in exs] if hasattr(task, "sft_loss_mask") else None
+  return ([task.prompt_ids(ex) for ex in exs], [task.sft_target_ids(ex) for ex in exs], masks)
+
+
+def rl_gradient(learner, state, episodes, scores, key):
+  """The raw policy-loss gradient of one RL batch, through the learner's own update (its
+  advantages and packing) with a plain SGD(1) state: params - new params."""
+  new, _, _ = learner.update(_copy(state), None, episodes, scores, None, key)
+  return _difference(state.params, new.params)
+
+
+class _Steps:
+  """What `learners.OutcomeLearner.update` calls: the RL step (here an SGD(1) step)."""
+  with_ref = False
+
+  def __init__(self, rl_step, logp):
+    self.rl_step, self.logp = rl_step, logp
+
+
+class Probe:
+  """The learner and SFT step of `config` over `lm`'s parameters with a plain SGD(1) optimiser,
+  so that one update's parameter change is the raw gradient (no clipping, no Adam). The KL
+  term is left out (its gradient is zero at the reference)."""
+
+  def __init__(self, config, lm, pad_id: int, with_sft: bool = True):
+    from rlrag_jax.models import DecoderLM
+    from rlrag_jax.models.sharding import make_mesh
+    from rlrag_jax.rl import train_step as ts
+    from rlrag_jax.training import learners
+    rl = config.rl
+    if learners.check_algo(rl) == "ppo":
+      raise ValueError("grad_noise: rl.algo 'ppo' trains a critic as well; measure a "
+                       "GRPO-family config (rl.algo grpo / dr_grpo / rloo)")
+    self.config, self.pad = config, int(pad_id)
+    self.mesh = make_mesh()
+    self.module = DecoderLM(lm.config)
+    self.loss_cfg = ts.LossConfig(
+        eps_low=rl.clip_eps_low, eps_high=rl.clip_eps_high, dual_clip=rl.dual_clip or None,
+        aggregation=rl.aggregation, max_completion_len=rl.max_new_tokens, beta=0.0,
+        kl_estimator=rl.kl_estimator, temperature=rl.temperature,
+        entropy_coef=float(rl.get("entropy_coef", 0.0)))
+    opt, self.state = _sgd_state(self.module, self.mesh, lm.params)
+    rl_step = ts.make_policy_step(self.module, opt, self.mesh, self.loss_cfg,
+                                  micro_batches=rl.micro_batches)
+    logp = ts.make_logprob_fn(self.module, self.mesh, temperature=rl.temperature,
+                              micro_batches=rl.micro_batches)
+    self.learner = learners.OutcomeLearner(config, _Steps(rl_step, logp), self.mesh, self.pad)
+    self.sft_step = ts.make_sft_step(self.module, opt, self.mesh) if with_sft else None
+
+  def rl_gradient(self, episodes, scores, key):
+    return rl_gradient(self.learner, self.state, episodes, scores, key)
+
+  def sft_gradient(self, prompts, targets, masks=None):
+    """The gradient of the SFT loss (target tokens, token mean) on these rows."""
+    from rlrag_jax.models import sharding
+    from rlrag_jax.rollout.batch import logits_start, pack
+    sft = self.config.sft
+    batch = pack(prompts, targets, masks, pad_id=self.pad, max_len=sft.max_len,
+                 bucket=sft.pack_bucket)
+    start = logits_start(batch["loss_mask"], sft.pack_bucket)
+    new, _ = self.sft_step(_copy(self.state), sharding.shard_batch(batch, self.mesh), start)
+    return _difference(self.state.params, new.params)
+
+
+def measure(task, lm, config, examples: Sequence, *, batches: int, rng,
+            progress: bool = True) -> dict:
+  """{'rl': noise_stats, 'sft': noise_stats or None, 'reward' / 'reward_std': mean and spread
+  of the batches' training reward, 'batch': {'prompts', 'group_size'}} at `lm`'s
+  parameters, over `batches` consecutive batches of `examples`."""
+  import dataclasses
+  import jax
+  from tqdm.auto import tqdm
+  from rlrag_jax.trainer import checkpoint_policy
+
+  rl = config.rl
+  n, g = int(rl.prompts_per_step), int(rl.group_size)
+  if batches < 2:
+    raise ValueError(f"grad_noise: --batches is {batches}; need at least 2")
+  if len(examples) < n * batches:
+    raise ValueError(f"grad_noise: {len(examples)} questions for {batches} batches of {n}")
+  has_sft = hasattr(task, "sft_samples") or hasattr(task, "sft_target_ids")
+  probe = Probe(config, lm, task.tokenizer.pad_token_id or 0, with_sft=has_sft)
+  policy = checkpoint_policy(lm, task.tokenizer, rl.max_new_tokens, top_k=rl.top_k,
+                             top_p=rl.top_p)
+  policy = dataclasses.replace(policy, temperature=float(rl.temperature))
+  rl_meter, sft_meter, rewards = NoiseMeter(), NoiseMeter(), []
+  it = range(batches)
+  for b in (tqdm(it, desc="batches", unit="batch") if progress else it):
+    exs = list(examples[b * n:(b + 1) * n])
+    rng, sub, key = jax.random.split(rng, 3)
+    episodes = task.rollout(policy, exs, sub, group_size=g)
+    scores = (task.rewards(episodes) if hasattr(task, "rewards")
+              else [task.reward(ep) for ep in episodes])
+    rewards.append(float(np.mean([s["total"] for s in scores])))
+    rl_meter.add(probe.rl_gradient(episodes, scores, key))
+    if has_sft:
+      sft_meter.add(probe.sft_gradient(*_sft_rows(task, exs)))
+  return {"rl": rl_meter.stats(), "sft": sft_meter.stats() if sft_meter.k else None,
+          "reward": float(np.mean(rewards)), "reward_std": float(np.std(rewards)),
+          "batch": {"prompts": n, "group_size": g}}
+
+
+def format_table(result: dict) -> str:
+  b = result["batch"]
+  lines = [f"batches of {b['prompts']} questions x {b['group_size']} samples "
+           f"(SFT: their gold targets); mean training reward "
+           f"{result['reward']:.3f} ± {result['reward_std']:.3f} over batches",
+           f"{'loss':<5} {'K':>3} {'E||g||^2':>10} {'signal':>10} {'noise':>10} {'snr':>8} "
+           f"{'1/snr':>8} {'cosine':>7}"]
+  for name in ("rl", "sft"):
+    s = result.get(name)
+    if s:
+      lines.append(f"{name:<5} {s['k']:>3} {s['mean_norm_sq']:>10.3e} {s['signal']:>10.3e} "
+                   f"{s['noise']:>10.3e} {s['snr']:>8.4f} {s['batches_for_snr_1']:>8.1f} "
+                   f"{s['cosine']:>7.4f}")
+  return "\n".join(lines)
+
+
+def main(argv) -> int:
+  del argv
+  import jax
+  from rlrag_jax.trainer import task_for_checkpoint
+  config = _CONFIG.value
+  try:
+    task, lm = task_for_checkpoint(config, _CKPT.value, step=_STEP.value)
+  except FileNotFoundError as e:
+    print(f"grad_noise: {e}", file=sys.stderr)
+    return 2
+  split = task.train if _SPLIT.value == "train" else task.eval
+  result = measure(task, lm, config, list(split), batches=_BATCHES.value,
+                   rng=jax.random.PRNGKey(config.seed))
+  table = f"gradient noise at {_CKPT.value} ({_SPLIT.value} questions)\n" + format_table(result)
+  print(table)
+  if _OUT.value:
+    out = pathlib.Path(_OUT.value)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "grad_noise.txt").write_text(table + "\n")
+    (out / "grad_noise.json").write_text(json.dumps(
+        {"checkpoint": _CKPT.value, "split": _SPLIT.value, **result}, indent=2))
+  return 0
+
+
+if __name__ == "__main__":
+  define_flags()
+  flags.mark_flags_as_required(["config", "checkpoint"])
+  app.run(lambda argv: sys.exit(main(argv)))
