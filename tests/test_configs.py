@@ -36,6 +36,7 @@ def test_commands_that_tests_import_load_together_with_the_trainer():
   in one process is a DuplicateFlagError at collection)."""
   import importlib
   for mod in ("rlrag_jax.train", "rlrag_jax.experiments.headroom",
+              "rlrag_jax.experiments.grad_noise",
               "rlrag_jax.methods.apex.pipeline",
               "rlrag_jax.methods.apex.self_instruct", "rlrag_jax.methods.apex.rewrite",
               "rlrag_jax.methods.apex.calibrate"):

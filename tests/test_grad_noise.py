@@ -144,9 +144,20 @@ def test_measure_end_to_end(tiny_run):
                        rng=jax.random.PRNGKey(0), progress=False)
 
 
-def test_ppo_configs_are_refused(tiny_run):
+def test_ppo_measures_the_policy_gradient_with_a_fresh_critic(tiny_run):
+  """rl.algo 'ppo' (a separate critic, GAE): the measured gradient is the policy's (the
+  critic's own update is not in it), and it changes when the advantages do."""
   task, lm, work = tiny_run
   config = tiny_config(work)
-  config.rl.algo = "ppo"
-  with pytest.raises(ValueError, match="critic"):
-    grad_noise.Probe(config, lm, 0)
+  config.rl.algo, config.rl.group_size = "ppo", 4
+  probe = grad_noise.Probe(config, lm, task.tokenizer.pad_token_id or 0, with_sft=False)
+  policy = trainer.checkpoint_policy(lm, task.tokenizer, config.rl.max_new_tokens)
+  episodes = task.rollout(policy, list(task.train)[:2], jax.random.PRNGKey(3), group_size=4)
+  a = probe.rl_gradient(episodes, [{"total": t} for t in (1.0, 0, 0, 2, 0, 0, 1, 3)],
+                        jax.random.PRNGKey(0))
+  b = probe.rl_gradient(episodes, [{"total": t} for t in (0, 1.0, 0, 0, 3, 0, 0, 0)],
+                        jax.random.PRNGKey(0))
+  assert jax.tree_util.tree_structure(a) == jax.tree_util.tree_structure(lm.params)
+  fa, fb = _flat(a), _flat(b)
+  assert np.all(np.isfinite(fa)) and np.linalg.norm(fa) > 0
+  assert np.linalg.norm(fa - fb) > 1e-3 * np.linalg.norm(fa)

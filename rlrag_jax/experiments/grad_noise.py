@@ -1,31 +1,37 @@
 """How much of one RL step's gradient is signal: the policy gradient's noise at a checkpoint.
 
-  python -m rlrag_jax.experiments.grad_noise --config=configs/arena.py --checkpoint=runs/arena \\
+  python -m rlrag_jax.experiments.grad_noise --config=configs/arena.py --checkpoint=runs/arena \
       [--batches=16 --split=train --out=DIR]
 
 An RL step estimates the gradient of the expected reward from `rl.prompts_per_step` x
-`rl.group_size` samples. If that estimate is mostly noise, the optimiser walks at random:
-the weights move (the KL to the warm-up grows) while the reward does not. This command measures
-it. From the checkpoint it draws `--batches` independent training batches, each as an RL step
-would (the task's rollout at `rl.temperature`, its reward, and the learner's own advantages and
-packing), and takes the raw gradient of the policy loss on each (no clipping, no optimiser; the
-KL term is left out, since its gradient is zero at the reference). With g_1 … g_K the batch
+`rl.group_size` samples. If that estimate is mostly noise, the optimiser walks at random: the
+weights move (the KL to the warm-up grows) while the reward does not. This command measures
+it. From the checkpoint it draws `--batches` independent training batches exactly as the
+trainer's first RL step would (`training.collection.collect`: the task's rollout or its own
+`collect` hook, dynamic sampling, rewards), and takes the raw gradient of the policy loss on
+each through the learner's own update (its advantages and packing; for PPO a fresh critic, as
+at the first step) with plain SGD in place of the optimiser, so nothing is clipped or rescaled.
+The KL term is left out: its gradient is zero at the reference. With g_1 … g_K the batch
 gradients, mu their expectation and Sigma their covariance:
 
   signal  ||mu||^2, estimated without bias as the mean dot product of two different batches'
-          gradients (sum_{i != j} g_i . g_j / (K (K - 1)));
+          gradients (sum_{i != j} g_i . g_j / (K (K - 1))); it can come out negative when it
+          is small against the noise;
   noise   tr(Sigma) = mean ||g_k||^2 - signal;
-  snr     signal / noise for one batch; an average over n batches has n times it, so
-          1 / snr is the number of batches (steps, for a plain gradient method) needed before
-          the direction is more signal than noise;
+  snr     signal / noise for one batch. The sum of n independent batches' gradients has n times
+          it, so n x snr is the signal-to-noise of a run of n steps while the gradient stays
+          about the same, and 1 / snr is the number of batches before the direction is more
+          signal than noise (McCandlish et al.'s "simple noise scale" in batches);
   cosine  signal / mean ||g_k||^2: the expected cosine of two batches' gradients.
 
-For comparison the same is measured for the SFT loss on the same questions, built as the SFT
-stage builds it (every `sft_samples` sample of a question, else its one gold target). Only running sums
-of the gradients are kept, so memory is two copies of the parameters whatever K is.
+For comparison the same is measured for the SFT loss (target tokens, token mean) on the same
+questions, built as the SFT stage builds it (every `sft_samples` sample of a question, else its
+one gold target). Only running sums of the gradients are kept, so memory is two copies of the
+parameters whatever K is.
 """
 from __future__ import annotations
 
+import itertools
 import json
 import pathlib
 import sys
@@ -110,6 +116,18 @@ def _difference(before, after):
   return jax.tree_util.tree_map(lambda a, b: a - b, before, after)
 
 
+def _examples_of(episodes) -> list:
+  """The distinct examples of a batch's episodes, in order of first appearance."""
+  seen, out = set(), []
+  for ep in episodes:
+    ex = ep.example
+    key = str(getattr(ex, "id", id(ex)))
+    if key not in seen:
+      seen.add(key)
+      out.append(ex)
+  return out
+
+
 def _sft_rows(task, exs) -> tuple:
   """(prompts, targets, masks) of the SFT loss on `exs`, as the SFT stage builds them: every
   (prompt, target, mask) sample of a task with `sft_samples`, else one gold target each."""
@@ -126,8 +144,12 @@ def _sft_rows(task, exs) -> tuple:
 
 def rl_gradient(learner, state, episodes, scores, key):
   """The raw policy-loss gradient of one RL batch, through the learner's own update (its
-  advantages and packing) with a plain SGD(1) state: params - new params."""
-  new, _, _ = learner.update(_copy(state), None, episodes, scores, None, key)
+  advantages and packing) with a plain SGD(1) state: params - new params. A learner with a
+  critic gets a fresh one (the first RL step's)."""
+  import jax
+  critic = (learner.init_critic(state.params, jax.random.fold_in(key, 1))
+            if learner.has_critic else None)
+  new, _, _ = learner.update(_copy(state), critic, episodes, scores, None, key)
   return _difference(state.params, new.params)
 
 
@@ -142,7 +164,8 @@ class _Steps:
 class Probe:
   """The learner and SFT step of `config` over `lm`'s parameters with a plain SGD(1) optimiser,
   so that one update's parameter change is the raw gradient (no clipping, no Adam). The KL
-  term is left out (its gradient is zero at the reference)."""
+  term is left out (its gradient is zero at the reference). With rl.algo 'ppo' the critic is
+  a fresh one for every batch, as at the first RL step, and the gradient is the policy's."""
 
   def __init__(self, config, lm, pad_id: int, with_sft: bool = True):
     from rlrag_jax.models import DecoderLM
@@ -150,9 +173,6 @@ class Probe:
     from rlrag_jax.rl import train_step as ts
     from rlrag_jax.training import learners
     rl = config.rl
-    if learners.check_algo(rl) == "ppo":
-      raise ValueError("grad_noise: rl.algo 'ppo' trains a critic as well; measure a "
-                       "GRPO-family config (rl.algo grpo / dr_grpo / rloo)")
     self.config, self.pad = config, int(pad_id)
     self.mesh = make_mesh()
     self.module = DecoderLM(lm.config)
@@ -166,7 +186,8 @@ class Probe:
                                   micro_batches=rl.micro_batches)
     logp = ts.make_logprob_fn(self.module, self.mesh, temperature=rl.temperature,
                               micro_batches=rl.micro_batches)
-    self.learner = learners.OutcomeLearner(config, _Steps(rl_step, logp), self.mesh, self.pad)
+    self.learner = learners.make_learner(config, _Steps(rl_step, logp), self.mesh, lm.config,
+                                         self.pad)
     self.sft_step = ts.make_sft_step(self.module, opt, self.mesh) if with_sft else None
 
   def rl_gradient(self, episodes, scores, key):
@@ -193,6 +214,7 @@ def measure(task, lm, config, examples: Sequence, *, batches: int, rng,
   import jax
   from tqdm.auto import tqdm
   from rlrag_jax.trainer import checkpoint_policy
+  from rlrag_jax.training import collection
 
   rl = config.rl
   n, g = int(rl.prompts_per_step), int(rl.group_size)
@@ -205,17 +227,18 @@ def measure(task, lm, config, examples: Sequence, *, batches: int, rng,
   policy = checkpoint_policy(lm, task.tokenizer, rl.max_new_tokens, top_k=rl.top_k,
                              top_p=rl.top_p)
   policy = dataclasses.replace(policy, temperature=float(rl.temperature))
+  batches_of = [list(examples[b * n:(b + 1) * n]) for b in range(len(examples) // n)]
+  rl_iter = itertools.cycle(batches_of)   # dynamic sampling may draw several batches a step
+  step = int(config.sft.steps) + 1      # the first RL step (rewards staged by step see stage 1)
   rl_meter, sft_meter, rewards = NoiseMeter(), NoiseMeter(), []
   it = range(batches)
-  for b in (tqdm(it, desc="batches", unit="batch") if progress else it):
-    exs = list(examples[b * n:(b + 1) * n])
+  for _ in (tqdm(it, desc="batches", unit="batch") if progress else it):
     rng, sub, key = jax.random.split(rng, 3)
-    episodes = task.rollout(policy, exs, sub, group_size=g)
-    scores = (task.rewards(episodes) if hasattr(task, "rewards")
-              else [task.reward(ep) for ep in episodes])
+    episodes, scores, _ = collection.collect(task, policy, rl_iter, sub, config, step)
     rewards.append(float(np.mean([s["total"] for s in scores])))
     rl_meter.add(probe.rl_gradient(episodes, scores, key))
     if has_sft:
+      exs = _examples_of(episodes)
       sft_meter.add(probe.sft_gradient(*_sft_rows(task, exs)))
   return {"rl": rl_meter.stats(), "sft": sft_meter.stats() if sft_meter.k else None,
           "reward": float(np.mean(rewards)), "reward_std": float(np.std(rewards)),
