@@ -136,7 +136,8 @@ def test_measure_end_to_end(tiny_run):
     assert s["signal"] + s["noise"] == pytest.approx(s["mean_norm_sq"])
   assert out["sft"]["mean_norm_sq"] > 0
   assert out["batch"] == {"prompts": config.rl.prompts_per_step,
-                          "group_size": config.rl.group_size}
+                          "group_size": config.rl.group_size,
+                          "episodes": config.rl.prompts_per_step * config.rl.group_size}
   table = grad_noise.format_table(out)
   assert "rl " in table and "sft " in table
   with pytest.raises(ValueError, match="questions for 3 batches"):

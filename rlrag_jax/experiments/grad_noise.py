@@ -208,7 +208,8 @@ class Probe:
 def measure(task, lm, config, examples: Sequence, *, batches: int, rng,
             progress: bool = True) -> dict:
   """{'rl': noise_stats, 'sft': noise_stats or None, 'reward' / 'reward_std': mean and spread
-  of the batches' training reward, 'batch': {'prompts', 'group_size'}} at `lm`'s
+  of the batches' training reward, 'batch': {'prompts', 'group_size', 'episodes' (the mean
+  episode count: a task's collect hook may return more than prompts x group_size)}} at `lm`'s
   parameters, over `batches` consecutive batches of `examples`."""
   import dataclasses
   import jax
@@ -230,25 +231,27 @@ def measure(task, lm, config, examples: Sequence, *, batches: int, rng,
   batches_of = [list(examples[b * n:(b + 1) * n]) for b in range(len(examples) // n)]
   rl_iter = itertools.cycle(batches_of)   # dynamic sampling may draw several batches a step
   step = int(config.sft.steps) + 1      # the first RL step (rewards staged by step see stage 1)
-  rl_meter, sft_meter, rewards = NoiseMeter(), NoiseMeter(), []
+  rl_meter, sft_meter, rewards, counts = NoiseMeter(), NoiseMeter(), [], []
   it = range(batches)
   for _ in (tqdm(it, desc="batches", unit="batch") if progress else it):
     rng, sub, key = jax.random.split(rng, 3)
     episodes, scores, _ = collection.collect(task, policy, rl_iter, sub, config, step)
     rewards.append(float(np.mean([s["total"] for s in scores])))
+    counts.append(len(episodes))
     rl_meter.add(probe.rl_gradient(episodes, scores, key))
     if has_sft:
       exs = _examples_of(episodes)
       sft_meter.add(probe.sft_gradient(*_sft_rows(task, exs)))
   return {"rl": rl_meter.stats(), "sft": sft_meter.stats() if sft_meter.k else None,
           "reward": float(np.mean(rewards)), "reward_std": float(np.std(rewards)),
-          "batch": {"prompts": n, "group_size": g}}
+          "batch": {"prompts": n, "group_size": g, "episodes": float(np.mean(counts))}}
 
 
 def format_table(result: dict) -> str:
   b = result["batch"]
   lines = [f"batches of {b['prompts']} questions x {b['group_size']} samples "
-           f"(SFT: their gold targets); mean training reward "
+           f"({b['episodes']:.1f} episodes on average; SFT: their gold targets); "
+           f"mean training reward "
            f"{result['reward']:.3f} ± {result['reward_std']:.3f} over batches",
            f"{'loss':<5} {'K':>3} {'E||g||^2':>10} {'signal':>10} {'noise':>10} {'snr':>8} "
            f"{'1/snr':>8} {'cosine':>7}"]
