@@ -26,13 +26,13 @@ _OUT = flags.DEFINE_string("out", None, "write the summary JSON here (default: p
 def main(argv):
   del argv
   from rlrag_jax import evaluation, judge, runlog
-  from rlrag_jax.trainer import checkpoint_policy, task_for_checkpoint
+  from rlrag_jax.experiments import load_checkpoint
+  from rlrag_jax.trainer import checkpoint_policy
   config = _CONFIG.value
-  try:
-    task, lm = task_for_checkpoint(config, _CKPT.value, step=_STEP.value)
-  except FileNotFoundError as e:
-    print(f"evaluate: {e}", file=sys.stderr)
+  loaded = load_checkpoint("evaluate", config, _CKPT.value, _STEP.value)
+  if loaded is None:
     return 2
+  task, lm = loaded
   policy = checkpoint_policy(lm, task.tokenizer, config.eval.max_new_tokens)
   examples = list(task.eval)[: config.eval.num_examples]
   result = evaluation.evaluate(task, policy, examples, batch_size=config.eval.batch_size,

@@ -162,3 +162,14 @@ def test_ppo_measures_the_policy_gradient_with_a_fresh_critic(tiny_run):
   fa, fb = _flat(a), _flat(b)
   assert np.all(np.isfinite(fa)) and np.linalg.norm(fa) > 0
   assert np.linalg.norm(fa - fb) > 1e-3 * np.linalg.norm(fa)
+
+
+def test_command_helpers(tmp_path, capsys):
+  """The helpers the checkpoint commands share: a path without a checkpoint prints why and
+  gives None; a report is written as table + JSON."""
+  from rlrag_jax.experiments import load_checkpoint, write_report
+  assert load_checkpoint("grad_noise", tiny_config(tmp_path / "w"), str(tmp_path)) is None
+  assert capsys.readouterr().err.startswith("grad_noise: ")
+  write_report(str(tmp_path / "out"), "x", "a table", {"k": 1})
+  assert (tmp_path / "out" / "x.txt").read_text() == "a table\n"
+  assert (tmp_path / "out" / "x.json").read_text().replace(" ", "").replace("\n", "") == '{"k":1}'

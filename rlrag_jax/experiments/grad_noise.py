@@ -32,8 +32,6 @@ parameters whatever K is.
 from __future__ import annotations
 
 import itertools
-import json
-import pathlib
 import sys
 from typing import Sequence
 
@@ -267,24 +265,20 @@ def format_table(result: dict) -> str:
 def main(argv) -> int:
   del argv
   import jax
-  from rlrag_jax.trainer import task_for_checkpoint
+  from rlrag_jax.experiments import load_checkpoint, write_report
   config = _CONFIG.value
-  try:
-    task, lm = task_for_checkpoint(config, _CKPT.value, step=_STEP.value)
-  except FileNotFoundError as e:
-    print(f"grad_noise: {e}", file=sys.stderr)
+  loaded = load_checkpoint("grad_noise", config, _CKPT.value, _STEP.value)
+  if loaded is None:
     return 2
+  task, lm = loaded
   split = task.train if _SPLIT.value == "train" else task.eval
   result = measure(task, lm, config, list(split), batches=_BATCHES.value,
                    rng=jax.random.PRNGKey(config.seed))
   table = f"gradient noise at {_CKPT.value} ({_SPLIT.value} questions)\n" + format_table(result)
   print(table)
   if _OUT.value:
-    out = pathlib.Path(_OUT.value)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "grad_noise.txt").write_text(table + "\n")
-    (out / "grad_noise.json").write_text(json.dumps(
-        {"checkpoint": _CKPT.value, "split": _SPLIT.value, **result}, indent=2))
+    write_report(_OUT.value, "grad_noise", table,
+                 {"checkpoint": _CKPT.value, "split": _SPLIT.value, **result})
   return 0
 
 

@@ -22,8 +22,6 @@ four numbers. A table goes to stdout, and with --out to `DIR/headroom.txt` and `
 """
 from __future__ import annotations
 
-import json
-import pathlib
 import sys
 from typing import Sequence
 
@@ -127,13 +125,13 @@ def format_table(result: dict, k: int) -> str:
 def main(argv):
   del argv
   import jax
-  from rlrag_jax.trainer import checkpoint_policy, task_for_checkpoint
+  from rlrag_jax.experiments import load_checkpoint, write_report
+  from rlrag_jax.trainer import checkpoint_policy
   config = _CONFIG.value
-  try:
-    task, lm = task_for_checkpoint(config, _CKPT.value, step=_STEP.value)
-  except FileNotFoundError as e:
-    print(f"headroom: {e}", file=sys.stderr)
+  loaded = load_checkpoint("headroom", config, _CKPT.value, _STEP.value)
+  if loaded is None:
     return 2
+  task, lm = loaded
   policy = checkpoint_policy(lm, task.tokenizer, config.rl.max_new_tokens,
                              top_k=config.rl.top_k, top_p=config.rl.top_p)
   split = task.eval if _SPLIT.value == "eval" else task.train
@@ -145,13 +143,9 @@ def main(argv):
            f"k = {_K.value}\n" + format_table(result, _K.value))
   print(table)
   if _OUT.value:
-    out = pathlib.Path(_OUT.value)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "headroom.txt").write_text(table + "\n")
-    (out / "headroom.json").write_text(json.dumps(
-        {"checkpoint": _CKPT.value, "split": _SPLIT.value, "n": len(examples), "k": _K.value,
-         "result": {key: {str(t): v for t, v in row.items()} for key, row in result.items()}},
-        indent=2))
+    write_report(_OUT.value, "headroom", table, {
+        "checkpoint": _CKPT.value, "split": _SPLIT.value, "n": len(examples), "k": _K.value,
+        "result": {key: {str(t): v for t, v in row.items()} for key, row in result.items()}})
   return 0
 
 
