@@ -152,7 +152,7 @@ def rl_gradient(learner, state, episodes, scores, key):
 
 
 class _Steps:
-  """What `learners.OutcomeLearner.update` calls: the RL step (here an SGD(1) step)."""
+  """What a learner's `update` calls: the RL step (here an SGD(1) step) and the log-probs."""
   with_ref = False
 
   def __init__(self, rl_step, logp):
