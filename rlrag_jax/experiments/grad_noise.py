@@ -127,17 +127,15 @@ def _examples_of(episodes) -> list:
 
 
 def _sft_rows(task, exs) -> tuple:
-  """(prompts, targets, masks) of the SFT loss on `exs`, as the SFT stage builds them: every
-  (prompt, target, mask) sample of a task with `sft_samples`, else one gold target each."""
+  """The SFT stage's rows (`stages.sft_rows`) for these examples: all their samples for a
+  task with `sft_samples`, else their gold targets."""
+  from rlrag_jax.training.stages import sft_rows
   if hasattr(task, "sft_samples"):
-    rows = [r for ex in exs for r in task.sft_samples(ex)]
-    if not rows:
+    items = [r for ex in exs for r in task.sft_samples(ex)]
+    if not items:
       raise ValueError("grad_noise: the batch's questions have no SFT samples")
-    prompts, targets, masks = (list(x) for x in zip(*rows))
-    return prompts, targets, [m if m is not None else [1] * len(t)
-                              for m, t in zip(masks, targets)]
-  masks = [task.sft_loss_mask(ex) for ex in exs] if hasattr(task, "sft_loss_mask") else None
-  return ([task.prompt_ids(ex) for ex in exs], [task.sft_target_ids(ex) for ex in exs], masks)
+    return sft_rows(task, items)
+  return sft_rows(task, exs)
 
 
 def rl_gradient(learner, state, episodes, scores, key):
@@ -170,15 +168,12 @@ class Probe:
     from rlrag_jax.models.sharding import make_mesh
     from rlrag_jax.rl import train_step as ts
     from rlrag_jax.training import learners
+    from rlrag_jax.training.steps import policy_loss_config
     rl = config.rl
     self.config, self.pad = config, int(pad_id)
     self.mesh = make_mesh()
     self.module = DecoderLM(lm.config)
-    self.loss_cfg = ts.LossConfig(
-        eps_low=rl.clip_eps_low, eps_high=rl.clip_eps_high, dual_clip=rl.dual_clip or None,
-        aggregation=rl.aggregation, max_completion_len=rl.max_new_tokens, beta=0.0,
-        kl_estimator=rl.kl_estimator, temperature=rl.temperature,
-        entropy_coef=float(rl.get("entropy_coef", 0.0)))
+    self.loss_cfg = policy_loss_config(rl, beta=0.0)
     opt, self.state = _sgd_state(self.module, self.mesh, lm.params)
     rl_step = ts.make_policy_step(self.module, opt, self.mesh, self.loss_cfg,
                                   micro_batches=rl.micro_batches)
@@ -209,7 +204,6 @@ def measure(task, lm, config, examples: Sequence, *, batches: int, rng,
   of the batches' training reward, 'batch': {'prompts', 'group_size', 'episodes' (the mean
   episode count: a task's collect hook may return more than prompts x group_size)}} at `lm`'s
   parameters, over `batches` consecutive batches of `examples`."""
-  import dataclasses
   import jax
   from tqdm.auto import tqdm
   from rlrag_jax.trainer import checkpoint_policy
@@ -223,9 +217,8 @@ def measure(task, lm, config, examples: Sequence, *, batches: int, rng,
     raise ValueError(f"grad_noise: {len(examples)} questions for {batches} batches of {n}")
   has_sft = hasattr(task, "sft_samples") or hasattr(task, "sft_target_ids")
   probe = Probe(config, lm, task.tokenizer.pad_token_id or 0, with_sft=has_sft)
-  policy = checkpoint_policy(lm, task.tokenizer, rl.max_new_tokens, top_k=rl.top_k,
-                             top_p=rl.top_p)
-  policy = dataclasses.replace(policy, temperature=float(rl.temperature))
+  policy = checkpoint_policy(lm, task.tokenizer, rl.max_new_tokens,
+                             temperature=float(rl.temperature), top_k=rl.top_k, top_p=rl.top_p)
   batches_of = [list(examples[b * n:(b + 1) * n]) for b in range(len(examples) // n)]
   rl_iter = itertools.cycle(batches_of)   # dynamic sampling may draw several batches a step
   step = int(config.sft.steps) + 1      # the first RL step (rewards staged by step see stage 1)

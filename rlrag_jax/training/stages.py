@@ -120,6 +120,19 @@ class Run:
 
 
 # ------------------------------------------------------------------------------------ SFT
+def sft_rows(task, items) -> tuple:
+  """(prompts, targets, masks) of one SFT batch. `items` are (prompt, target, mask) samples
+  for a task with `sft_samples` (a None mask trains on the whole target), else examples: the
+  task's prompt and gold target each, with `task.sft_loss_mask` where the task has one (0 on
+  target tokens the environment wrote), else masks None."""
+  if hasattr(task, "sft_samples"):
+    prompts, targets, masks = (list(x) for x in zip(*items))
+    return prompts, targets, [m if m is not None else [1] * len(t)
+                              for m, t in zip(masks, targets)]
+  masks = [task.sft_loss_mask(ex) for ex in items] if hasattr(task, "sft_loss_mask") else None
+  return [task.prompt_ids(ex) for ex in items], [task.sft_target_ids(ex) for ex in items], masks
+
+
 class SFTStage:
   """Supervised warm-up on the task's targets (or its `sft_samples`)."""
   name = "sft"
@@ -135,15 +148,7 @@ class SFTStage:
     it = run.iterators["sft"]
     while run.stage == "sft" and run.step < end:
       run.step += 1
-      exs = next(it)
-      if hasattr(task, "sft_samples"):       # items are already (prompt, target, mask) samples
-        prompts, targets, masks = (list(x) for x in zip(*exs))
-        masks = [m if m is not None else [1] * len(t) for m, t in zip(masks, targets)]
-      else:
-        prompts = [task.prompt_ids(ex) for ex in exs]
-        targets = [task.sft_target_ids(ex) for ex in exs]
-        masks = ([task.sft_loss_mask(ex) for ex in exs] if hasattr(task, "sft_loss_mask")
-                 else None)      # optional: 0 on target tokens the environment wrote
+      prompts, targets, masks = sft_rows(task, next(it))
       batch = pack(prompts, targets, masks, pad_id=run.pad, max_len=config.sft.max_len,
                    bucket=config.sft.pack_bucket,
                    prompt_loss=config.sft.get("prompt_loss", 0.0))

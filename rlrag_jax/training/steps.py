@@ -46,6 +46,18 @@ def _round_vocab(n: int, multiple: int = 64) -> int:
 
 
 # ------------------------------------------------------------------------------------ steps
+def policy_loss_config(rl, **overrides):
+  """The policy loss of config section `rl` (`rl.train_step.LossConfig`); `overrides` replace
+  fields (e.g. beta=0.0)."""
+  from rlrag_jax.rl import train_step as ts
+  fields = dict(
+      eps_low=rl.clip_eps_low, eps_high=rl.clip_eps_high, dual_clip=rl.dual_clip or None,
+      aggregation=rl.aggregation, max_completion_len=rl.max_new_tokens, beta=rl.kl_beta,
+      kl_estimator=rl.kl_estimator, temperature=rl.temperature,
+      entropy_coef=float(rl.get("entropy_coef", 0.0)))
+  return ts.LossConfig(**{**fields, **overrides})
+
+
 class Steps:
   """The jitted pieces the loop calls, built once: SFT update, RL update, log-prob forward."""
 
@@ -63,11 +75,7 @@ class Steps:
         lr=rl.lr, schedule=rl.lr_schedule, warmup_ratio=rl.warmup_ratio,
         total_steps=max(rl_total * learners.updates_per_step(rl), 2),
         weight_decay=rl.weight_decay, max_grad_norm=rl.max_grad_norm))
-    self.loss_cfg = ts.LossConfig(
-        eps_low=rl.clip_eps_low, eps_high=rl.clip_eps_high, dual_clip=rl.dual_clip or None,
-        aggregation=rl.aggregation, max_completion_len=rl.max_new_tokens, beta=rl.kl_beta,
-        kl_estimator=rl.kl_estimator, temperature=rl.temperature,
-        entropy_coef=float(rl.get("entropy_coef", 0.0)))
+    self.loss_cfg = policy_loss_config(rl)
     self.sft_step = ts.make_sft_step(self.module, self.sft_opt, mesh,
                                      micro_batches=int(config.sft.get("micro_batches", 1)))
     self.rl_step = ts.make_policy_step(self.module, self.rl_opt, mesh, self.loss_cfg,
