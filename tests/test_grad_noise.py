@@ -173,3 +173,95 @@ def test_command_helpers(tmp_path, capsys):
   write_report(str(tmp_path / "out"), "x", "a table", {"k": 1})
   assert (tmp_path / "out" / "x.txt").read_text() == "a table\n"
   assert (tmp_path / "out" / "x.json").read_text().replace(" ", "").replace("\n", "") == '{"k":1}'
+
+
+def test_batch_group_takes_the_majority_value():
+  scores = [{"total": 0.0, "iteration": v} for v in (1, 1, 2, 2, 2, 0)]
+  assert grad_noise.batch_group(scores, "iteration") == 2.0
+  assert grad_noise.batch_group(scores[:4], "iteration") == 1.0     # a tie: the smaller
+  with pytest.raises(KeyError, match="group_by='level'.*iteration"):
+    grad_noise.batch_group(scores, "level")
+
+
+class _Levels:
+  """The tiny task with a `level` score field that alternates 0, 1, 0, … batch by batch."""
+
+  def __init__(self, task, per_batch):
+    self.task, self.per_batch, self.calls = task, per_batch, 0
+    self.tokenizer, self.train = task.tokenizer, task.train
+
+  def rollout(self, *a, **k):
+    return self.task.rollout(*a, **k)
+
+  def reward(self, episode, step=0):
+    level = float(self.calls // self.per_batch % 2)
+    self.calls += 1
+    return dict(self.task.reward(episode, step), level=level)
+
+
+def test_measure_groups_batches_and_keeps_the_mean_gradient(tiny_run):
+  """Batches go to their group whole: the groups' mean ||g||^2 average back to the overall
+  one, and the kept mean gradient has ||mean||^2 = (signal (K - 1) + E||g||^2) / K."""
+  task, lm, work = tiny_run
+  config = tiny_config(work)
+  config.rl.group_size = 4
+  per_batch = config.rl.prompts_per_step * config.rl.group_size
+  out = grad_noise.measure(_Levels(task, per_batch), lm, config, list(task.train), batches=4,
+                           rng=jax.random.PRNGKey(0), progress=False, group_by="level",
+                           keep_mean=True)
+  by = out["rl_by"]
+  assert sorted(by) == [0.0, 1.0] and by[0.0]["k"] == by[1.0]["k"] == 2
+  rl = out["rl"]
+  assert (by[0.0]["mean_norm_sq"] + by[1.0]["mean_norm_sq"]) / 2 == pytest.approx(
+      rl["mean_norm_sq"], rel=1e-5)
+  mean = _flat(out["mean_rl_gradient"])
+  assert mean @ mean == pytest.approx((rl["signal"] * 3 + rl["mean_norm_sq"]) / 4, rel=1e-4)
+  assert "RL batches by level" in grad_noise.format_table(out)
+
+
+class _NormTask:
+  """Each episode's reward is the norm of the parameters it was sampled with; the keys it was
+  sampled with are recorded."""
+
+  def __init__(self, tokenizer):
+    self.tokenizer, self.keys = tokenizer, []
+
+  def rollout(self, policy, batch, key, group_size=1):
+    self.keys.append(np.asarray(jax.random.key_data(key)) if jnp.issubdtype(
+        key.dtype, jax.dtypes.prng_key) else np.asarray(key))
+    norm = float(np.linalg.norm(_flat(policy.params)))
+    return [norm] * (len(batch) * group_size)
+
+  def reward(self, episode, step=0):
+    return {"total": episode}
+
+
+def test_line_search_steps_against_the_direction_with_common_keys(tiny_run):
+  """Along direction = params, params - alpha * params has norm |1 - alpha| ||params||, and
+  every alpha draws its batches with the same keys."""
+  task, lm, work = tiny_run
+  config = tiny_config(work)
+  fake = _NormTask(task.tokenizer)
+  rows = grad_noise.line_search(fake, lm, config, lm.params, [0.0, 0.5, 2.0],
+                                [["q1", "q2"], ["q3", "q4"], ["q5", "q6"]],
+                                jax.random.PRNGKey(5))
+  norm = float(np.linalg.norm(_flat(lm.params)))
+  assert [r["alpha"] for r in rows] == [0.0, 0.5, 2.0]
+  assert [r["reward"] for r in rows] == pytest.approx([norm, 0.5 * norm, norm], rel=1e-5)
+  assert all(r["reward_se"] == pytest.approx(0.0, abs=1e-6) for r in rows)
+  assert len(fake.keys) == 9
+  for b in range(3):                        # batch b: one key, the same at every alpha
+    assert np.array_equal(fake.keys[b], fake.keys[3 + b])
+    assert np.array_equal(fake.keys[b], fake.keys[6 + b])
+  assert not np.array_equal(fake.keys[0], fake.keys[1])
+  table = grad_noise.format_table({"batch": {"prompts": 2, "group_size": 2, "episodes": 4.0},
+                                   "reward": 0.1, "reward_std": 0.0, "rl": None,
+                                   "line_search": rows})
+  assert "alpha 0.5" in table
+
+
+def test_hold_aside_takes_the_last_batches():
+  rest, held = grad_noise.hold_aside(list(range(10)), 2, 3)
+  assert rest == [0, 1, 2, 3] and held == [[4, 5], [6, 7], [8, 9]]
+  with pytest.raises(ValueError, match="10 questions cannot hold 4 line-search batches of 2"):
+    grad_noise.hold_aside(list(range(10)), 2, 4)

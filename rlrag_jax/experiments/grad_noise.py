@@ -28,29 +28,49 @@ For comparison the same is measured for the SFT loss (target tokens, token mean)
 questions, built as the SFT stage builds it (every `sft_samples` sample of a question, else its
 one gold target). Only running sums of the gradients are kept, so memory is two copies of the
 parameters whatever K is.
+
+Two follow-ups ask where the signal is and whether it helps:
+
+  --group_by=FIELD   also splits the batches by a numeric field of their scores (each batch
+                     goes to the value most of its samples carry), e.g. `iteration`, the
+                     forest level of an R2AG expansion: one signal/noise row per value.
+  --alphas=0,1,2,4   a line search along the mean RL gradient g (its estimate from the K
+                     batches): the training reward of task.rollout at params - alpha * g, a
+                     plain gradient step of size alpha (not Adam's), on `--line_batches`
+                     batches of questions held aside from the K (the last ones of the split;
+                     a task whose `collect` hook draws its own questions, like the R2AG
+                     forest, may still meet them). task.rollout is a question's first step:
+                     for the R2AG forest, its root expansion. Every alpha draws with the same
+                     random numbers, so the differences between alphas are not the rollouts'
+                     sampling noise.
 """
 from __future__ import annotations
 
 import itertools
 import sys
-from typing import Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
 
 # Flags are defined only when this module runs as a command (tests import it beside others).
-_CONFIG = _CKPT = _STEP = _BATCHES = _SPLIT = _OUT = None
+_CONFIG = _CKPT = _STEP = _BATCHES = _SPLIT = _OUT = _GROUP_BY = _ALPHAS = _LINE_BATCHES = None
 
 
 def define_flags() -> None:
-  global _CONFIG, _CKPT, _STEP, _BATCHES, _SPLIT, _OUT
+  global _CONFIG, _CKPT, _STEP, _BATCHES, _SPLIT, _OUT, _GROUP_BY, _ALPHAS, _LINE_BATCHES
   _CONFIG = config_flags.DEFINE_config_file("config", None, "configs/<method>.py[:preset]")
   _CKPT = flags.DEFINE_string("checkpoint", None, "run directory or HF checkpoint directory")
   _STEP = flags.DEFINE_integer("step", None, "checkpoint step (default: latest)")
   _BATCHES = flags.DEFINE_integer("batches", 16, "independent batches (K >= 2)")
   _SPLIT = flags.DEFINE_enum("split", "train", ["train", "eval"], "which questions")
   _OUT = flags.DEFINE_string("out", None, "write grad_noise.txt and grad_noise.json here")
+  _GROUP_BY = flags.DEFINE_string("group_by", None,
+                                  "a numeric score field to split the batches by (e.g. iteration)")
+  _ALPHAS = flags.DEFINE_list("alphas", [], "line search steps along the mean RL gradient")
+  _LINE_BATCHES = flags.DEFINE_integer("line_batches", 16,
+                                       "held-aside batches of questions for the line search")
 
 
 class NoiseMeter:
@@ -199,11 +219,14 @@ class Probe:
 
 
 def measure(task, lm, config, examples: Sequence, *, batches: int, rng,
-            progress: bool = True) -> dict:
+            progress: bool = True, group_by: Optional[str] = None,
+            keep_mean: bool = False) -> dict:
   """{'rl': noise_stats, 'sft': noise_stats or None, 'reward' / 'reward_std': mean and spread
   of the batches' training reward, 'batch': {'prompts', 'group_size', 'episodes' (the mean
   episode count: a task's collect hook may return more than prompts x group_size)}} at `lm`'s
-  parameters, over `batches` consecutive batches of `examples`."""
+  parameters, over `batches` consecutive batches of `examples`. With `group_by` also
+  'rl_by': {value: noise_stats or None (fewer than 2 batches), with 'reward'}; with
+  `keep_mean` also 'mean_rl_gradient', the mean of the RL gradients (a pytree)."""
   import jax
   from tqdm.auto import tqdm
   from rlrag_jax.trainer import checkpoint_policy
@@ -223,19 +246,84 @@ def measure(task, lm, config, examples: Sequence, *, batches: int, rng,
   rl_iter = itertools.cycle(batches_of)   # dynamic sampling may draw several batches a step
   step = int(config.sft.steps) + 1      # the first RL step (rewards staged by step see stage 1)
   rl_meter, sft_meter, rewards, counts = NoiseMeter(), NoiseMeter(), [], []
+  by_meter, by_reward = {}, {}
   it = range(batches)
   for _ in (tqdm(it, desc="batches", unit="batch") if progress else it):
     rng, sub, key = jax.random.split(rng, 3)
     episodes, scores, _ = collection.collect(task, policy, rl_iter, sub, config, step)
     rewards.append(float(np.mean([s["total"] for s in scores])))
     counts.append(len(episodes))
-    rl_meter.add(probe.rl_gradient(episodes, scores, key))
+    grad = probe.rl_gradient(episodes, scores, key)
+    rl_meter.add(grad)
+    if group_by is not None:
+      value = batch_group(scores, group_by)
+      by_meter.setdefault(value, NoiseMeter()).add(grad)
+      by_reward.setdefault(value, []).append(rewards[-1])
     if has_sft:
       exs = _examples_of(episodes)
       sft_meter.add(probe.sft_gradient(*_sft_rows(task, exs)))
-  return {"rl": rl_meter.stats(), "sft": sft_meter.stats() if sft_meter.k else None,
-          "reward": float(np.mean(rewards)), "reward_std": float(np.std(rewards)),
-          "batch": {"prompts": n, "group_size": g, "episodes": float(np.mean(counts))}}
+  out = {"rl": rl_meter.stats(), "sft": sft_meter.stats() if sft_meter.k else None,
+         "reward": float(np.mean(rewards)), "reward_std": float(np.std(rewards)),
+         "batch": {"prompts": n, "group_size": g, "episodes": float(np.mean(counts))}}
+  if group_by is not None:
+    out["group_by"] = group_by
+    out["rl_by"] = {v: (dict(by_meter[v].stats(), reward=float(np.mean(by_reward[v])))
+                        if by_meter[v].k >= 2 else
+                        {"k": by_meter[v].k, "reward": float(np.mean(by_reward[v]))})
+                    for v in sorted(by_meter)}
+  if keep_mean:
+    out["mean_rl_gradient"] = jax.tree_util.tree_map(lambda x: x / rl_meter.k, rl_meter.total)
+  return out
+
+
+def batch_group(scores: Sequence[dict], field: str) -> float:
+  """The value of `field` that most of a batch's samples carry (ties: the smallest)."""
+  values = [float(s[field]) for s in scores if field in s]
+  if not values:
+    raise KeyError(f"grad_noise: --group_by={field!r}, but no score of the batch has it "
+                   f"(fields: {sorted(scores[0]) if scores else []})")
+  counts = {}
+  for v in values:
+    counts[v] = counts.get(v, 0) + 1
+  return min(counts, key=lambda v: (-counts[v], v))
+
+
+def hold_aside(examples: Sequence, per_batch: int, batches: int) -> tuple:
+  """(the rest, `batches` batches of `per_batch` from the end of `examples`)."""
+  cut = len(examples) - per_batch * batches
+  if batches < 1 or cut < 2 * per_batch:
+    raise ValueError(f"grad_noise: {len(examples)} questions cannot hold {batches} line-search "
+                     f"batches of {per_batch} aside and leave two gradient batches")
+  return (list(examples[:cut]),
+          [list(examples[cut + b * per_batch:cut + (b + 1) * per_batch]) for b in range(batches)])
+
+
+def line_search(task, lm, config, direction, alphas: Sequence[float], batches: Sequence,
+                rng) -> list:
+  """The training reward of task.rollout (config.rl's group size and temperature) on
+  `batches` (lists of questions) at params - alpha * `direction`, for each alpha. Every alpha
+  draws with the same keys. [{'alpha', 'reward', 'reward_se' (over batches)}]."""
+  import dataclasses
+  import jax
+  from rlrag_jax.trainer import checkpoint_policy
+  from rlrag_jax.training import collection
+  rl = config.rl
+  base = checkpoint_policy(lm, task.tokenizer, rl.max_new_tokens,
+                           temperature=float(rl.temperature), top_k=rl.top_k, top_p=rl.top_p)
+  keys = jax.random.split(rng, len(batches))
+  step = int(config.sft.steps) + 1
+  out = []
+  for alpha in alphas:
+    params = jax.tree_util.tree_map(lambda p, d: p - alpha * d.astype(p.dtype), lm.params,
+                                    direction)
+    policy = dataclasses.replace(base, params=params)
+    means = []
+    for batch, key in zip(batches, keys):
+      episodes = task.rollout(policy, list(batch), key, group_size=int(rl.group_size))
+      means.append(float(np.mean([s["total"] for s in collection.score(task, episodes, step)])))
+    se = float(np.std(means, ddof=1) / np.sqrt(len(means))) if len(means) > 1 else 0.0
+    out.append({"alpha": float(alpha), "reward": float(np.mean(means)), "reward_se": se})
+  return out
 
 
 def format_table(result: dict) -> str:
@@ -252,6 +340,23 @@ def format_table(result: dict) -> str:
       lines.append(f"{name:<5} {s['k']:>3} {s['mean_norm_sq']:>10.3e} {s['signal']:>10.3e} "
                    f"{s['noise']:>10.3e} {s['snr']:>8.4f} {s['batches_for_snr_1']:>8.1f} "
                    f"{s['cosine']:>7.4f}")
+  if result.get("rl_by"):
+    lines.append(f"RL batches by {result['group_by']} (each batch: the value most of its "
+                 f"samples carry)")
+    for v, s in result["rl_by"].items():
+      name = f"{v:g}"
+      if "snr" not in s:
+        lines.append(f"  {name:<4} {s['k']:>3} batch(es): too few for signal and noise; "
+                     f"reward {s['reward']:.3f}")
+        continue
+      lines.append(f"  {name:<4} {s['k']:>3} {s['mean_norm_sq']:>10.3e} {s['signal']:>10.3e} "
+                   f"{s['noise']:>10.3e} {s['snr']:>8.4f} {s['batches_for_snr_1']:>8.1f} "
+                   f"{s['cosine']:>7.4f}  reward {s['reward']:.3f}")
+  if result.get("line_search"):
+    lines.append("training reward at params - alpha * (mean RL gradient), held-aside batches, "
+                 "same random numbers at every alpha")
+    for r in result["line_search"]:
+      lines.append(f"  alpha {r['alpha']:<6g} {r['reward']:.4f} ± {r['reward_se']:.4f}")
   return "\n".join(lines)
 
 
@@ -264,9 +369,21 @@ def main(argv) -> int:
   if loaded is None:
     return 2
   task, lm = loaded
-  split = task.train if _SPLIT.value == "train" else task.eval
-  result = measure(task, lm, config, list(split), batches=_BATCHES.value,
-                   rng=jax.random.PRNGKey(config.seed))
+  split = list(task.train if _SPLIT.value == "train" else task.eval)
+  alphas = [float(a) for a in _ALPHAS.value]
+  held = []
+  if alphas:
+    try:
+      split, held = hold_aside(split, int(config.rl.prompts_per_step), _LINE_BATCHES.value)
+    except ValueError as e:
+      print(e, file=sys.stderr)
+      return 2
+  result = measure(task, lm, config, split, batches=_BATCHES.value,
+                   rng=jax.random.PRNGKey(config.seed), group_by=_GROUP_BY.value,
+                   keep_mean=bool(alphas))
+  if alphas:
+    result["line_search"] = line_search(task, lm, config, result.pop("mean_rl_gradient"),
+                                        alphas, held, jax.random.PRNGKey(config.seed + 1))
   table = f"gradient noise at {_CKPT.value} ({_SPLIT.value} questions)\n" + format_table(result)
   print(table)
   if _OUT.value:
