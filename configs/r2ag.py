@@ -72,7 +72,7 @@ def base_config() -> ml_collections.ConfigDict:
           alpha=0.2, beta=0.3, gamma=0.2, ell=1.25, t_base=4, t_pred=2,
           format_per_part=0.01, format_max=0.02, weighting="eq5")),
       forest=ml_collections.ConfigDict(dict(size=32, max_iterations=5, max_children=2,
-                                            max_size=64)),
+                                            max_size=64, carry="gold")),
       eval=ml_collections.ConfigDict(dict(
           top_k=1, other_top_k=(2,), base_only=True, t_base=2, t_pred=1, max_iterations=5,
           max_branches=8, temperature=0.0, top_p=1.0, sr_k=5, generator_max_docs=8,

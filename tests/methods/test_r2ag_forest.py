@@ -97,6 +97,20 @@ def test_state_round_trip_continues_exactly():
 def test_bad_bounds_are_errors():
   with pytest.raises(ValueError, match="r2ag.forest.max_children"):
     F.Forest(3, F.ForestConfig(max_children=0))
+  with pytest.raises(ValueError, match="r2ag.forest.carry.*'all'"):
+    F.Forest(3, F.ForestConfig(carry="all"))
+
+
+def test_branch_contexts_rank_by_gold_found_then_length():
+  """carry='branch': a context holds non-gold documents too, so the continuations kept are
+  those with the most gold (`found`), then the longer context, not merely the longest."""
+  f = F.Forest(2, F.ForestConfig(size=1, max_children=2, carry="branch"), seed=0)
+  (it,) = f.take(1)
+  f.expand(it, [F.Outcome([], ("x1", "x2", "x3"), False, found=0),   # longest, no gold
+                F.Outcome([], ("g1", "x1"), False, found=1),
+                F.Outcome([], ("g1",), False, found=1),
+                F.Outcome([], ("g1", "g2"), False, found=2)])
+  assert [i.context for i in f.take(2)] == [("g1", "g2"), ("g1", "x1")]
 
 
 # ------------------------------------------------------------------------------ the oracle

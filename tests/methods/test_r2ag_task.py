@@ -8,6 +8,7 @@ import pytest
 
 from configs import r2ag, r2ag_generator
 from rlrag_jax import config_base, trainer
+from rlrag_jax.methods.r2ag import parsing
 from rlrag_jax.methods.r2ag import task as r2ag_task
 
 pytestmark = pytest.mark.slow
@@ -126,3 +127,34 @@ def test_paper_preset_runs_on_real_data(tmp_path, shared_data_dir):
   t = r2ag_task.make_task(c)
   assert all(t.gold(ex) for ex in t.train + t.eval)     # gold paragraphs found in the corpus
   assert {ex.source for ex in t.train} == {"hotpotqa", "musique"}
+
+
+@pytest.mark.parametrize("carry", ["gold", "branch"])
+def test_forest_carries_gold_or_every_retrieved_document(tmp_path, carry):
+  """An expansion whose rollout asks the first hop's question (base) and a query that retrieves
+  a non-gold document (predicted): with carry='gold' the continuation's context is the gold
+  documents retrieved (the paper's d^{j+1} = g~), with 'branch' every document retrieved, as
+  inference's branches hold them."""
+  import jax
+  from rlrag_jax.tasks import Episode
+  c = _small(r2ag.get_config(""), tmp_path)
+  c.r2ag.forest.update(dict(size=1, carry=carry))
+  t = r2ag_task.make_task(c)
+  (item,) = t.forest.take(1)
+  ex = t.train[t.forest.example_of(item)]
+  gold = set(t.gold(ex))
+  first = t.decomposition(ex)[0].question
+  off = next(q for q in ("zebra violin harbour", "quartz meadow lantern", "copper fog")
+             if t.corpus.search([q], 1)[0][0] not in gold)
+  text = parsing.render("nothing known yet", [first], [off])
+  hits = {d for h in t.corpus.search([first, off], 1) for d in h}
+  assert hits - gold and hits & gold                  # the query pair does what it is meant to
+
+  def fake_sample(policy, examples, items, rng, g, greedy=False):
+    return [Episode(example=examples[0], prompt_ids=[1], completion_ids=[2], loss_mask=[1],
+                    text=text, info={"context": tuple(items[0].context), "item": 0,
+                                     "truncated": False})] * g
+  t._sample = fake_sample
+  t._expand(None, [item], jax.random.PRNGKey(0), 2)
+  (nxt,) = t.forest.next.values()
+  assert set(nxt.context) == (hits & gold if carry == "gold" else hits)

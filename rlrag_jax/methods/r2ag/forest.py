@@ -5,11 +5,14 @@ iteration j every pending expansion (a tree at a context) is expanded once by G 
 steering model; each rollout hangs its query/document vertices under the expansion's tip. A
 rollout that has not finished (gold incomplete, or no stop signal) carries its branch on to
 iteration j + 1 with only the gold documents found so far as context (the paper's pruning
-d^{j+1} = g~); a rollout that found nothing carries the empty context on (the "root only" trees
-are kept too). Rollouts of one expansion that end at the same context are one continuation.
+d^{j+1} = g~, `carry='gold'`); a rollout that found nothing carries the empty context on (the
+"root only" trees are kept too). With `carry='branch'` the context carried on is every document
+the branch retrieved, gold or not, as inference sees it (the task builds the contexts; the
+forest only ranks them). Rollouts of one expansion that end at the same context are one
+continuation.
 
 Bounds, all config keys: `max_iterations` (L_MAX-I), `max_children` continuations per expansion
-(most gold found first) and `max_size` expansions per level (a seeded sample beyond it), so the
+(most gold found first, then the longer context) and `max_size` expansions per level (a seeded sample beyond it), so the
 fan-out of G stays bounded. A level's expansions are handed out in fixed-size batches; the last
 batch of a level is topped up with seeded repeats of that level's expansions (more samples of the
 same state), so every update has the same shape. When a forest is spent (iteration limit or an
@@ -32,6 +35,7 @@ class ForestConfig:
   max_iterations: int = 5        # L_MAX-I
   max_children: int = 2          # continuations kept per expansion
   max_size: int = 64             # expansions per level
+  carry: str = "gold"            # context carried on: 'gold' (the paper) or 'branch' (all docs)
 
 
 @dataclasses.dataclass
@@ -49,10 +53,12 @@ class Item:
 @dataclasses.dataclass
 class Outcome:
   """What one rollout of an expansion did: its vertices (query, doc, kind, new gold?), the
-  context it would carry on, and whether it finished (every gold found and stop emitted)."""
+  context it would carry on, whether it finished (every gold found and stop emitted) and how
+  many gold documents that context holds (None: all of it, as with `carry='gold'`)."""
   vertices: list                  # [(query, doc id, 'base' | 'pred', is_new_gold)]
   context: tuple
   finished: bool
+  found: Optional[int] = None
 
 
 def prune(vertices: Sequence[dict]) -> list:
@@ -75,6 +81,9 @@ class Forest:
     for key in ("size", "max_iterations", "max_children", "max_size"):
       if getattr(cfg, key) < 1:
         raise ValueError(f"config key 'r2ag.forest.{key}' is {getattr(cfg, key)}; expected >= 1")
+    if cfg.carry not in ("gold", "branch"):
+      raise ValueError(f"config key 'r2ag.forest.carry' is {cfg.carry!r}; expected 'gold' or "
+                       f"'branch'")
     self.cfg, self.n, self.seed = cfg, num_examples, seed
     self.order = list(range(num_examples))
     random.Random(seed).shuffle(self.order)
@@ -159,11 +168,13 @@ class Forest:
       if o.finished:
         tree["complete"] = True
         continue
-      by_context.setdefault(tuple(sorted(o.context)), tip)
+      ctx = tuple(sorted(o.context))
+      found = len(ctx) if o.found is None else int(o.found)
+      by_context.setdefault(ctx, (tip, found))
     if item.iteration + 1 >= self.cfg.max_iterations:
       return
-    ranked = sorted(by_context.items(), key=lambda kv: -len(kv[0]))[:self.cfg.max_children]
-    for ctx, tip in ranked:
+    ranked = sorted(by_context.items(), key=lambda kv: (-kv[1][1], -len(kv[0])))
+    for ctx, (tip, _) in ranked[:self.cfg.max_children]:
       child = Item(item.tree, tip, ctx, item.iteration + 1)
       self.next.setdefault(child.key(), child)
 

@@ -204,9 +204,9 @@ class SteeringTask:
               new = d in gold and d not in counted
               counted.add(d)
               verts.append((q, d, kind, new))
-        ctx = tuple(sorted(set(it.context) | (counted & gold)))
-        outcomes.append(forest_lib.Outcome(verts, ctx, finished=bool(
-            step.stop and gold <= set(it.context))))
+        ctx = set(it.context) | (counted & gold) if self.forest.cfg.carry == "gold" else counted
+        outcomes.append(forest_lib.Outcome(verts, tuple(sorted(ctx)), finished=bool(
+            step.stop and gold <= set(it.context)), found=len(ctx & gold)))
         sc["iteration"] = float(it.iteration)
       self.forest.expand(it, outcomes)
       self._groups += 1
