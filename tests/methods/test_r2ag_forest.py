@@ -184,3 +184,25 @@ def test_tree_expansion_survives_garbage_and_bounds_rounds():
                                                reqs],
                           lambda qs, k: [[q] for q in qs], inference.TreeConfig(max_iterations=3))
   assert loop[0].iterations == 3 and loop[0].docs == ["q0", "q1", "q2"]
+
+
+def test_later_step_counts_and_their_report_line():
+  """Round-0 outputs are left out; a stop is premature when some gold is not on the branch;
+  a branch is noisy when it holds a non-gold document."""
+  from rlrag_jax.methods.r2ag import report
+  from rlrag_jax.methods.r2ag.task import later_step_counts
+  go = parsing.render("x", ["q"])
+  stop = parsing.render("x", (), stop=True)
+  outputs = [(0, [], stop),                    # round 0: not counted
+             (1, ["g1"], stop),                # clean, premature (g2 missing)
+             (1, ["g1", "x"], stop),           # noisy, premature
+             (2, ["g1", "g2", "x"], stop),     # noisy, every gold found: not premature
+             (2, ["x"], go),                   # noisy, goes on
+             (3, ["g1", "g2"], "garbage")]     # clean, malformed: no stop
+  c = later_step_counts(outputs, ("g1", "g2"))
+  assert c == {"later_steps": 5.0, "later_noisy": 3.0, "later_premature_stops": 2.0,
+               "later_noisy_premature_stops": 1.0}
+  text = report.later_steps_text({"after": c})
+  assert "0.600 with a non-gold document" in text
+  assert "noisy 0.333, clean 0.500" in text
+  assert report.later_steps_text({"after": {"later_steps": 0.0}}) == ""

@@ -57,6 +57,8 @@ def test_trains_reports_and_resumes_the_forest_exactly(tmp_path, generator):
     for key in ("recall", "full_recall", "at_k", "map", "em", "f1"):
       assert 0 <= after[f"{prefix}{key}"] <= max(1, after[f"{prefix}at_k"])
   assert after["sr_at_k"] == 5
+  assert 0 <= after["later_noisy_premature_stops"] <= after["later_premature_stops"] <= \
+      after["later_steps"]
   report = (tmp_path / "whole" / "r2ag_report.txt").read_text()
   for name in ("SFT only", "after RL", "R2AG top-1", "base-only", "top-2", "SR@k", "mAP",
                "RR-Forest"):

@@ -12,11 +12,12 @@ forest only ranks them). Rollouts of one expansion that end at the same context 
 continuation.
 
 Bounds, all config keys: `max_iterations` (L_MAX-I), `max_children` continuations per expansion
-(most gold found first, then the longer context) and `max_size` expansions per level (a seeded sample beyond it), so the
-fan-out of G stays bounded. A level's expansions are handed out in fixed-size batches; the last
-batch of a level is topped up with seeded repeats of that level's expansions (more samples of the
-same state), so every update has the same shape. When a forest is spent (iteration limit or an
-empty level) the next one starts from the next questions of a seeded order over the training set.
+(most gold found first, then the longer context) and `max_size` expansions per level (a seeded
+sample beyond it), so the fan-out of G stays bounded. A level's expansions are handed out in
+fixed-size batches; the last batch of a level is topped up with seeded repeats of that level's
+expansions (more samples of the same state), so every update has the same shape. When a forest
+is spent (iteration limit or an empty level) the next one starts from the next questions of a
+seeded order over the training set.
 
 `prune` keeps, bottom up, the vertices on branches with a positive weight (a newly found gold
 document); finished forests keep only their pruned trees. `state_dict` is plain JSON: the forest is

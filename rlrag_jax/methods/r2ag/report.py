@@ -28,6 +28,31 @@ def rows_of(summary: dict, checkpoint: str) -> list:
   return out
 
 
+def _share(a: float, b: float) -> str:
+  return f"{a / b:.3f}" if b else "-"
+
+
+def later_steps_text(summary: dict) -> str:
+  """Premature stops after the first round, at branches with and without a non-gold
+  document (means per question pooled into shares; task.later_step_counts)."""
+  lines = []
+  for name in ("before", "after"):
+    m = summary.get(name) or {}
+    steps, noisy = m.get("later_steps", 0.0), m.get("later_noisy", 0.0)
+    if not steps:
+      continue
+    pre, pre_noisy = m.get("later_premature_stops", 0.0), m.get("later_noisy_premature_stops",
+                                                                 0.0)
+    label = "SFT only" if name == "before" else "after RL" if summary.get("before") else "final"
+    lines.append(f"  {label:<9} {steps:5.2f} steps a question, {noisy / steps:.3f} with a "
+                 f"non-gold document; premature stops: noisy {_share(pre_noisy, noisy)}, "
+                 f"clean {_share(pre - pre_noisy, steps - noisy)}")
+  if not lines:
+    return ""
+  return ("\n\nSteering steps after the first round (top-1 tree); a stop before every gold "
+          "document is on the branch is premature\n" + "\n".join(lines))
+
+
 def write(task, workdir: pathlib.Path) -> str:
   summary = json.loads((workdir / "eval_summary.json").read_text())
   rows = []
@@ -37,6 +62,7 @@ def write(task, workdir: pathlib.Path) -> str:
   cols = ["checkpoint", "variant"] + [c for _, c in COLUMNS]
   text = runlog.format_table(rows, cols, title="R2AG held-out evaluation "
                              f"(n={summary['after'].get('n', 0)})")
+  text += later_steps_text(summary)
   forest = task.forest.summary()
   text += "\n\nRR-Forest (trees of the spent forests, pruned to positive-weight branches)\n"
   text += "\n".join(f"  {k}: {v:.3f}" if isinstance(v, float) else f"  {k}: {v}"

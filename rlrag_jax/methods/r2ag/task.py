@@ -343,6 +343,7 @@ class SteeringTask:
         if self.generator is not None:
           m[f"{p}em"] = metrics.exact_match(r["answer"], ep.example.answers)
           m[f"{p}f1"] = metrics.f1(r["answer"], ep.example.answers)
+      m.update(later_step_counts(ep.info.get("outputs", ()), gold))
       m["prediction"] = ep.text
       out.append(m)
     return out
@@ -353,6 +354,28 @@ class SteeringTask:
   def report(self, workdir, rlog) -> None:
     from rlrag_jax.methods.r2ag import report
     report.write(self, pathlib.Path(workdir))
+
+
+def later_step_counts(outputs, gold) -> dict:
+  """Counts over a question's steering outputs after the first round (the main tree's
+  `(round, branch docs, text)`): the steps, those whose branch holds a non-gold document
+  ("noisy"), the stops before every gold document is on the branch ("premature"), and the
+  premature stops at noisy steps. Training contexts carry only gold documents
+  (r2ag.forest.carry 'gold', the paper's) and the SFT oracle's too; these say how the
+  steering model does where inference puts documents it was never trained beside."""
+  gold = set(gold)
+  c = {"later_steps": 0.0, "later_noisy": 0.0, "later_premature_stops": 0.0,
+       "later_noisy_premature_stops": 0.0}
+  for rnd, docs, text in outputs:
+    if rnd < 1:
+      continue
+    noisy = bool(set(docs) - gold)
+    premature = parsing.parse(text).stop and not gold <= set(docs)
+    c["later_steps"] += 1
+    c["later_noisy"] += noisy
+    c["later_premature_stops"] += premature
+    c["later_noisy_premature_stops"] += premature and noisy
+  return c
 
 
 def _spread(scores) -> bool:
