@@ -41,3 +41,18 @@ def test_commands_that_tests_import_load_together_with_the_trainer():
               "rlrag_jax.methods.apex.self_instruct", "rlrag_jax.methods.apex.rewrite",
               "rlrag_jax.methods.apex.calibrate"):
     importlib.import_module(mod)
+
+
+def test_r2ag_long_warmup_differs_from_the_default_only_in_its_two_keys():
+  from configs import r2ag
+
+  def flat(d, prefix=""):
+    out = {}
+    for k, v in d.items():
+      out.update(flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
+  default = flat(r2ag.get_config("").to_dict())
+  long = flat(r2ag.get_config("long_warmup").to_dict())
+  assert {k for k in default if default[k] != long[k]} == {"sft.steps", "r2ag.forest.carry"}
+  assert (long["sft.steps"], long["r2ag.forest.carry"]) == (1200, "branch")
+  assert default["r2ag.forest.carry"] == r2ag.get_config("paper").r2ag.forest.carry == "gold"
