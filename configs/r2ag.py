@@ -22,7 +22,7 @@ Presets (`get_config(arg)`):
            oracle expansion steps, then DAPO over small forests.
   'long_warmup'  the default with a warm-up that copies the question's names (sft.steps 1200)
            and RL over forests that carry every retrieved document on
-           (r2ag.forest.carry 'branch'); ~18 min on 2 cores. Over 3 seeds its RL raises
+           (r2ag.forest.carry 'branch'); 20 min on 2 cores. Over 3 seeds its RL raises
            held-out Full-Recall and mAP (docs/results/README.md); the default's does not.
   'paper'  appendix B.2: group 12, prompt batch 128, lr 1e-6, clip 0.2 / 0.28, no KL, 4,096
            output tokens, 5 iterations, k = 1, t = 4 base / 2 predicted, no SFT warm-up, no
@@ -129,7 +129,7 @@ def get_config(arg: str = ""):
     if arg == "long_warmup":
       # A warm-up that copies the question's names (1,200 SFT steps; held-out recall ~0.56),
       # and RL over forests that carry every retrieved document on, as inference's branches
-      # hold them. ~18 min on 2 cores, past the default's 15-minute budget.
+      # hold them. 20 min on 2 cores, past the default's 15-minute budget.
       c.sft.steps = 1200
       c.r2ag.forest.carry = "branch"
   elif arg == "paper":
