@@ -46,6 +46,7 @@ Two follow-ups ask where the signal is and whether it helps:
 """
 from __future__ import annotations
 
+import collections
 import itertools
 import sys
 from typing import Optional, Sequence
@@ -218,6 +219,19 @@ class Probe:
     return _difference(self.state.params, new.params)
 
 
+def _rl_policy(lm, task, rl):
+  """The policy the trainer's RL stage samples with (config section `rl`'s temperature, top-k,
+  top-p) over the checkpoint's parameters."""
+  from rlrag_jax.trainer import checkpoint_policy
+  return checkpoint_policy(lm, task.tokenizer, rl.max_new_tokens,
+                           temperature=float(rl.temperature), top_k=rl.top_k, top_p=rl.top_p)
+
+
+def _first_rl_step(config) -> int:
+  """The step number of the first RL step (rewards staged by step see their first stage)."""
+  return int(config.sft.steps) + 1
+
+
 def measure(task, lm, config, examples: Sequence, *, batches: int, rng,
             progress: bool = True, group_by: Optional[str] = None,
             keep_mean: bool = False) -> dict:
@@ -229,7 +243,6 @@ def measure(task, lm, config, examples: Sequence, *, batches: int, rng,
   `keep_mean` also 'mean_rl_gradient', the mean of the RL gradients (a pytree)."""
   import jax
   from tqdm.auto import tqdm
-  from rlrag_jax.trainer import checkpoint_policy
   from rlrag_jax.training import collection
 
   rl = config.rl
@@ -240,11 +253,10 @@ def measure(task, lm, config, examples: Sequence, *, batches: int, rng,
     raise ValueError(f"grad_noise: {len(examples)} questions for {batches} batches of {n}")
   has_sft = hasattr(task, "sft_samples") or hasattr(task, "sft_target_ids")
   probe = Probe(config, lm, task.tokenizer.pad_token_id or 0, with_sft=has_sft)
-  policy = checkpoint_policy(lm, task.tokenizer, rl.max_new_tokens,
-                             temperature=float(rl.temperature), top_k=rl.top_k, top_p=rl.top_p)
+  policy = _rl_policy(lm, task, rl)
   batches_of = [list(examples[b * n:(b + 1) * n]) for b in range(len(examples) // n)]
   rl_iter = itertools.cycle(batches_of)   # dynamic sampling may draw several batches a step
-  step = int(config.sft.steps) + 1      # the first RL step (rewards staged by step see stage 1)
+  step = _first_rl_step(config)
   rl_meter, sft_meter, rewards, counts = NoiseMeter(), NoiseMeter(), [], []
   by_meter, by_reward = {}, {}
   it = range(batches)
@@ -282,9 +294,7 @@ def batch_group(scores: Sequence[dict], field: str) -> float:
   if not values:
     raise KeyError(f"grad_noise: --group_by={field!r}, but no score of the batch has it "
                    f"(fields: {sorted(scores[0]) if scores else []})")
-  counts = {}
-  for v in values:
-    counts[v] = counts.get(v, 0) + 1
+  counts = collections.Counter(values)
   return min(counts, key=lambda v: (-counts[v], v))
 
 
@@ -305,13 +315,11 @@ def line_search(task, lm, config, direction, alphas: Sequence[float], batches: S
   draws with the same keys. [{'alpha', 'reward', 'reward_se' (over batches)}]."""
   import dataclasses
   import jax
-  from rlrag_jax.trainer import checkpoint_policy
   from rlrag_jax.training import collection
   rl = config.rl
-  base = checkpoint_policy(lm, task.tokenizer, rl.max_new_tokens,
-                           temperature=float(rl.temperature), top_k=rl.top_k, top_p=rl.top_p)
+  base = _rl_policy(lm, task, rl)
   keys = jax.random.split(rng, len(batches))
-  step = int(config.sft.steps) + 1
+  step = _first_rl_step(config)
   out = []
   for alpha in alphas:
     params = jax.tree_util.tree_map(lambda p, d: p - alpha * d.astype(p.dtype), lm.params,

@@ -204,7 +204,8 @@ class SteeringTask:
               new = d in gold and d not in counted
               counted.add(d)
               verts.append((q, d, kind, new))
-        ctx = set(it.context) | (counted & gold) if self.forest.cfg.carry == "gold" else counted
+        # counted holds the item's context: gold only under 'gold', so & gold keeps it whole
+        ctx = counted & gold if self.forest.cfg.carry == "gold" else counted
         outcomes.append(forest_lib.Outcome(verts, tuple(sorted(ctx)), finished=bool(
             step.stop and gold <= set(it.context)), found=len(ctx & gold)))
         sc["iteration"] = float(it.iteration)
