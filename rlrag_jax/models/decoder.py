@@ -281,6 +281,41 @@ class Block(nn.Module):
     return x, new_kv
 
 
+def remat_block(config: ModelConfig):
+  """`f(params, x, cos, sin, allowed) -> y`: one `Block` (no cache) whose activations are
+  recomputed in the backward pass instead of kept from the forward.
+
+  Only the block's input is saved. The recomputation reads `x + 0 * g[..., :1]`, where `g` is
+  the cotangent arriving from the block above: a data dependency (float multiplication by 0 is
+  not simplified away, for its NaN semantics) that no compiler can hoist into the forward pass
+  or merge with it. `jax.checkpoint` relies on optimisation barriers instead, and XLA:CPU
+  removes those before common-subexpression elimination, so there the "rematerialised" update
+  kept every activation (a 0.5B update's temporaries did not change with `model.remat`) and an
+  ahead-of-time memory analysis on CPU could not show what remat saves. The row-local
+  `g[..., :1]` keeps the dependency free of cross-device communication.
+  """
+  def apply(params, x, cos, sin, allowed):
+    y, _ = Block(config, parent=None).apply({"params": params}, x, cos, sin, allowed, None)
+    return y
+
+  @jax.custom_vjp
+  def f(params, x, cos, sin, allowed):
+    return apply(params, x, cos, sin, allowed)
+
+  def fwd(params, x, cos, sin, allowed):
+    return apply(params, x, cos, sin, allowed), (params, x, cos, sin, allowed)
+
+  def bwd(res, g):
+    params, x, cos, sin, allowed = res
+    x = x + (g[..., :1] * 0).astype(x.dtype)
+    _, vjp = jax.vjp(lambda p, h: apply(p, h, cos, sin, allowed), params, x)
+    d_params, d_x = vjp(g)
+    return d_params, d_x, None, None, None
+
+  f.defvjp(fwd, bwd)
+  return f
+
+
 class Backbone(nn.Module):
   """Embeddings, the decoder blocks and the final norm; returns hidden states [B, T, E]."""
   config: ModelConfig
@@ -290,8 +325,7 @@ class Backbone(nn.Module):
     self.embed_tokens = nn.Embed(
         cfg.vocab_size, cfg.hidden_size, dtype=cfg.compute_dtype, param_dtype=cfg.params_dtype,
         embedding_init=_part(nn.initializers.normal(0.02), ("vocab", "embed")))
-    block = nn.remat(Block, static_argnums=()) if cfg.remat else Block
-    self.layers = [block(cfg, name=f"layers_{i}") for i in range(cfg.num_layers)]
+    self.layers = [Block(cfg, name=f"layers_{i}") for i in range(cfg.num_layers)]
     self.norm = RMSNorm(cfg.rms_norm_eps, cfg.compute_dtype, cfg.params_dtype)
 
   def __call__(self, input_ids, attention_mask=None, positions=None, cache=None):
@@ -317,9 +351,14 @@ class Backbone(nn.Module):
     x = self.embed_tokens(input_ids)
     x = _constrain(x, ("activation_batch", "activation_length", "activation_embed"))
     new_layers = []
+    remat = self.config.remat and cache is None and not self.is_initializing()
+    block_fn = remat_block(self.config) if remat else None
     for i, layer in enumerate(self.layers):
-      lc = None if cache is None else (cache["layers"][i]["k"], cache["layers"][i]["v"], index)
-      x, kv = layer(x, cos, sin, allowed, lc)
+      if remat:
+        x, kv = block_fn(layer.variables["params"], x, cos, sin, allowed), None
+      else:
+        lc = None if cache is None else (cache["layers"][i]["k"], cache["layers"][i]["v"], index)
+        x, kv = layer(x, cos, sin, allowed, lc)
       new_layers.append(kv)
     x = self.norm(x)
     new_cache = None
