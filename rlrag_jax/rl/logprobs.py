@@ -7,6 +7,7 @@ policy wrote indexes logp directly.
 """
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
 import jax
@@ -89,3 +90,74 @@ def completion_logprobs(apply_fn: Callable, params, input_ids: Array, attention_
   out = apply_fn({"params": params}, input_ids, attention_mask)
   logits = out[0] if isinstance(out, tuple) else out                         # [B, T, V]
   return shift_logprobs(logits, input_ids, with_entropy=with_entropy, temperature=temperature)
+
+
+# ------------------------------------------------------------------------------------ chunked
+DEFAULT_LOGITS_CHUNK = 2 ** 26    # logit elements (tokens x vocab) per chunk: 256 MiB in f32
+
+
+def chunk_positions(rows: int, positions: int, vocab: int, budget: int) -> int:
+  """Positions per chunk so that rows x positions x vocab logits stay within `budget` elements
+  (at least one position); `positions` when everything fits at once or `budget` is 0 (off)."""
+  if budget <= 0 or rows * positions * vocab <= budget:
+    return positions
+  return max(1, min(positions, budget // (rows * vocab)))
+
+
+def _head_stats(h: Array, head: Array, targets: Array, *, transposed: bool, temperature: float,
+                with_entropy: bool, entropy_grad: bool, with_hits: bool) -> dict:
+  """One chunk: h [B, C, E] @ head -> f32 logits [B, C, V] -> the per-token statistics [B, C].
+
+  `head` is [E, V] (an untied LM head's kernel) or, with `transposed`, [V, E] (a tied
+  embedding); both are already in the compute dtype, and reduced dtypes accumulate in f32."""
+  spec = "bce,ve->bcv" if transposed else "bce,ev->bcv"
+  logits = jnp.einsum(spec, h, head, preferred_element_type=jnp.float32)   # [B, C, V]
+  if temperature != 1.0:
+    logits = logits / temperature
+  out = {"lp": token_logprobs(logits, targets)}
+  if with_entropy:
+    out["ent"] = token_entropy(logits if entropy_grad else jax.lax.stop_gradient(logits))
+  if with_hits:
+    out["hit"] = (jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32)
+  return out
+
+
+def chunked_head_logprobs(h: Array, head: Array, targets: Array, *, chunk: int,
+                          transposed: bool = False, temperature: float = 1.0,
+                          with_entropy: bool = False, entropy_grad: bool = False,
+                          with_hits: bool = False) -> dict:
+  """Per-token log-probs (and entropies, greedy hits) of `targets` under the LM head, without
+  ever holding the [B, N, V] logits.
+
+  Args:
+    h: [B, N, E] final hidden states of the predicting positions.
+    head: the LM head's weight in the compute dtype: [E, V], or [V, E] with `transposed`.
+    targets: [B, N] the ids each position predicts.
+    chunk: logit elements per chunk (`chunk_positions`); the positions are cut into chunks of
+      that many tokens, and each chunk's logits are recomputed in the backward pass
+      (`jax.checkpoint` inside a `lax.scan`), so the update's live logits are one chunk's. The
+      gradient of `head` accumulates over the chunks.
+
+  Returns {'lp': [B, N] f32, 'ent': [B, N] (with_entropy), 'hit': [B, N] (with_hits)}; the
+  entropy carries no gradient unless `entropy_grad`.
+  """
+  b, n, e = h.shape
+  vocab = head.shape[0] if transposed else head.shape[1]
+  c = chunk_positions(b, n, vocab, chunk)
+  stats = functools.partial(_head_stats, transposed=transposed, temperature=temperature,
+                            with_entropy=with_entropy, entropy_grad=entropy_grad,
+                            with_hits=with_hits)
+  if c >= n:
+    return stats(h, head, targets)
+  chunks = -(-n // c)
+  pad = chunks * c - n
+  hs = jnp.pad(h, ((0, 0), (0, pad), (0, 0))).reshape(b, chunks, c, e)
+  ts = jnp.pad(targets, ((0, 0), (0, pad))).reshape(b, chunks, c)
+  body = jax.checkpoint(lambda w, hc, tc: stats(hc, w, tc))
+
+  # `head` is a constant of the scan (not a carry): JAX hoists loop-invariant residuals, so the
+  # backward pass reads the one weight instead of a copy per chunk.
+  _, out = jax.lax.scan(lambda _, xs: (None, body(head, *xs)), None,
+                        (jnp.swapaxes(hs, 0, 1), jnp.swapaxes(ts, 0, 1)))
+  # [chunks, B, c] -> [B, N]
+  return {k: jnp.swapaxes(v, 0, 1).reshape(b, chunks * c)[:, :n] for k, v in out.items()}

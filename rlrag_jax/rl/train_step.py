@@ -43,7 +43,8 @@ from jax.sharding import Mesh, NamedSharding
 
 from rlrag_jax.models import sharding as shd
 from rlrag_jax.rl.kl import KL_ESTIMATORS, kl as kl_fn
-from rlrag_jax.rl.logprobs import predicted_logprobs
+from rlrag_jax.rl.logprobs import (DEFAULT_LOGITS_CHUNK, chunk_positions, chunked_head_logprobs,
+                                   predicted_logprobs)
 from rlrag_jax.rl.losses import AGGREGATIONS, aggregation_terms, ppo_token_loss, value_token_loss
 
 Array = jax.Array
@@ -285,11 +286,52 @@ def _pred_logits(module, params, mb, mesh, rules, start: int):
                     mesh, rules)                                             # [b, T-1-start, V]
 
 
-def _apply_logits(module, params, mb, temperature, with_entropy, mesh, rules, start: int,
-                  entropy_grad: bool = False):
-  return predicted_logprobs(_pred_logits(module, params, mb, mesh, rules, start),
-                            mb["input_ids"], with_entropy=with_entropy, temperature=temperature,
-                            start=start, entropy_grad=entropy_grad)
+def _predictor_hidden(lm, input_ids, attention_mask, start: int = 0):
+  """DecoderLM method: the final hidden states of positions start..T-2 [B, T-1-start, E]."""
+  h, _ = lm.model(input_ids, attention_mask)
+  return h[:, start:-1]
+
+
+def lm_head_weight(config, params) -> tuple:
+  """(weight in the compute dtype, transposed): the untied head's kernel [E, V], or the tied
+  embedding [V, E] (transposed=True)."""
+  if config.tie_word_embeddings:
+    return params["model"]["embed_tokens"]["embedding"].astype(config.compute_dtype), True
+  return params["lm_head"]["kernel"].astype(config.compute_dtype), False
+
+
+def _token_stats(module, params, mb, mesh, rules, start: int, *, chunk: int,
+                 temperature: float = 1.0, with_entropy: bool = False,
+                 entropy_grad: bool = False, with_hits: bool = False) -> dict:
+  """Aligned per-token statistics [b, T] of a micro-batch: 'lp' (log-prob of each token), and
+  'ent' (entropy of the distribution that predicted it) / 'hit' (greedy prediction right),
+  each 0 at positions 0..start.
+
+  When the window's logits [b, T-1-start, V] fit in `chunk` elements (or chunk = 0) they are
+  computed at once (`_pred_logits`); else from the hidden states in chunks of tokens against
+  the LM head, each chunk recomputed in the backward pass (`chunked_head_logprobs`), so no
+  [tokens, vocab] array lives in the update.
+  """
+  ids = mb["input_ids"]
+  cfg = module.config
+  b, n = ids.shape[0], ids.shape[1] - 1 - start
+  pad = lambda x: jnp.pad(x, ((0, 0), (start + 1, 0)))
+  if chunk_positions(b, n, cfg.vocab_size, chunk) >= n:
+    pred = _pred_logits(module, params, mb, mesh, rules, start)             # [b, n, V]
+    out = predicted_logprobs(pred, ids, with_entropy=with_entropy, temperature=temperature,
+                             start=start, entropy_grad=entropy_grad)
+    out = dict(zip(("lp", "ent"), out)) if with_entropy else {"lp": out}
+    if with_hits:
+      out["hit"] = pad((jnp.argmax(pred, axis=-1) == ids[:, start + 1:]).astype(jnp.float32))
+    return out
+  h = module.apply({"params": params}, ids, mb["attention_mask"], start,
+                   method=_predictor_hidden)                                # [b, n, E]
+  h = _constrain(h, ("activation_batch", "activation_length", "activation_embed"), mesh, rules)
+  head, transposed = lm_head_weight(cfg, params)
+  out = chunked_head_logprobs(h, head, ids[:, start + 1:], chunk=chunk, transposed=transposed,
+                              temperature=temperature, with_entropy=with_entropy,
+                              entropy_grad=entropy_grad, with_hits=with_hits)
+  return {k: pad(v) for k, v in out.items()}
 
 
 def _check_start(start, width: int, where: str) -> int:
@@ -363,7 +405,7 @@ def _make_update_step(mb_loss: Callable, norms_fn: Callable, finalize: Callable,
 # ------------------------------------------------------------------------------------ policy
 def make_policy_step(module, opt, mesh: Mesh, loss_cfg: LossConfig = LossConfig(), *,
                      micro_batches: int = 1, lr_schedule: Optional[Callable] = None,
-                     rules=shd.RULES):
+                     logits_chunk: int = DEFAULT_LOGITS_CHUNK, rules=shd.RULES):
   """GRPO / DAPO / Dr. GRPO update: `state, metrics = step(state, batch, logits_start=0)`.
 
   batch: input_ids [B, T], attention_mask [B, T], loss_mask [B, T], advantages [B] or [B, T],
@@ -384,9 +426,10 @@ def make_policy_step(module, opt, mesh: Mesh, loss_cfg: LossConfig = LossConfig(
   norms_fn = _token_norms(cfg.aggregation, cfg.max_completion_len)
 
   def mb_loss(params, mb, norms, start):
-    out = _apply_logits(module, params, mb, cfg.temperature, cfg.compute_entropy, mesh, rules,
-                        start, entropy_grad=cfg.entropy_coef > 0)
-    logp, ent = out if cfg.compute_entropy else (out, None)
+    out = _token_stats(module, params, mb, mesh, rules, start, chunk=logits_chunk,
+                       temperature=cfg.temperature, with_entropy=cfg.compute_entropy,
+                       entropy_grad=cfg.entropy_coef > 0)
+    logp, ent = out["lp"], out.get("ent")
     m = _loss_mask(mb["loss_mask"])
     old = mb.get("old_logp")
     old = jax.lax.stop_gradient(logp) if old is None else old
@@ -432,7 +475,8 @@ def make_policy_step(module, opt, mesh: Mesh, loss_cfg: LossConfig = LossConfig(
 # ------------------------------------------------------------------------------------ SFT
 def make_sft_step(module, opt, mesh: Mesh, *, aggregation: str = "token_mean",
                   max_len: Optional[int] = None, micro_batches: int = 1,
-                  lr_schedule: Optional[Callable] = None, rules=shd.RULES):
+                  lr_schedule: Optional[Callable] = None,
+                  logits_chunk: int = DEFAULT_LOGITS_CHUNK, rules=shd.RULES):
   """Masked cross-entropy update. batch: input_ids, attention_mask, loss_mask (1 on targets).
   `state, metrics = step(state, batch, logits_start=0)`, logits_start as in `make_policy_step`.
 
@@ -444,13 +488,11 @@ def make_sft_step(module, opt, mesh: Mesh, *, aggregation: str = "token_mean",
   norms_fn = _token_norms(aggregation, max_len)
 
   def mb_loss(params, mb, norms, start):
-    pred = _pred_logits(module, params, mb, mesh, rules, start)           # [b, T-1-start, V]
-    logp = predicted_logprobs(pred, mb["input_ids"], start=start)
+    out = _token_stats(module, params, mb, mesh, rules, start, chunk=logits_chunk,
+                       with_hits=True)
     m = _loss_mask(mb["loss_mask"])
-    num, _ = aggregation_terms(-logp, m, aggregation, max_len)
-    hit = (jnp.argmax(pred, axis=-1) == mb["input_ids"][:, start + 1:]).astype(jnp.float32)
-    hit = jnp.pad(hit, ((0, 0), (start + 1, 0)))
-    return num / norms["den"], {"accuracy": jnp.sum(hit * m)}
+    num, _ = aggregation_terms(-out["lp"], m, aggregation, max_len)
+    return num / norms["den"], {"accuracy": jnp.sum(out["hit"] * m)}
 
   def finalize(sums, norms):
     return {"accuracy": sums["accuracy"] / norms["tokens"], "tokens": norms["tokens"]}
@@ -524,13 +566,13 @@ def _make_forward(fn: Callable, module, mesh: Mesh, micro_batches: int, rules, w
 
 
 def make_logprob_fn(module, mesh: Mesh, *, temperature: float = 1.0, micro_batches: int = 1,
-                    rules=shd.RULES):
+                    logits_chunk: int = DEFAULT_LOGITS_CHUNK, rules=shd.RULES):
   """Jitted `logp = fn(params, batch, logits_start=0)`: aligned per-token log-probs [B, T]
   (float32) for the old_logp / ref_logp batch entries; works for the policy and the reference
   params alike. With logits_start > 0, positions 0..logits_start hold 0."""
   def fn(params, batch, start):
-    return jax.lax.stop_gradient(_apply_logits(module, params, batch, temperature, False, mesh,
-                                               rules, start))
+    return jax.lax.stop_gradient(_token_stats(module, params, batch, mesh, rules, start,
+                                              chunk=logits_chunk, temperature=temperature)["lp"])
   return _make_forward(fn, module, mesh, micro_batches, rules, "make_logprob_fn")
 
 

@@ -1,0 +1,153 @@
+"""Log-probs in chunks of tokens against the LM head (`rl.logits_chunk`) against the full
+[B, T, V] logits: values, gradients, the update steps, and the memory the update keeps."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from rlrag_jax import rl
+from rlrag_jax.models import sharding as shd
+from rlrag_jax.models.config import ModelConfig
+from rlrag_jax.models.decoder import DecoderLM, init_params
+from rlrag_jax.rl import logprobs as lp_lib
+from rlrag_jax.rl import train_step as ts
+
+V = 256
+
+
+def _np_log_softmax(x):
+  x = np.asarray(x, np.float64)
+  m = x.max(-1, keepdims=True)
+  return x - m - np.log(np.exp(x - m).sum(-1, keepdims=True))
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+@pytest.mark.parametrize("chunk", [V * 2 * 3, V * 2 * 7, V * 2])   # 3, 7 (uneven), 1 position
+def test_chunked_head_equals_full_logits_and_numpy(transposed, chunk):
+  rng = np.random.default_rng(0)
+  b, n, e = 2, 17, 8
+  h = rng.normal(size=(b, n, e)).astype(np.float32)
+  w = (0.4 * rng.normal(size=(V, e) if transposed else (e, V))).astype(np.float32)
+  tg = rng.integers(0, V, (b, n)).astype(np.int32)
+  temp = 0.7
+
+  def full(h, w):
+    logits = jnp.einsum("bne,ve->bnv" if transposed else "bne,ev->bnv", h, w) / temp
+    return {"lp": rl.token_logprobs(logits, tg), "ent": rl.token_entropy(logits),
+            "hit": (jnp.argmax(logits, -1) == tg).astype(jnp.float32)}
+
+  def chunked(h, w):
+    return lp_lib.chunked_head_logprobs(h, w, tg, chunk=chunk, transposed=transposed,
+                                        temperature=temp, with_entropy=True, with_hits=True,
+                                        entropy_grad=True)
+
+  assert lp_lib.chunk_positions(b, n, V, chunk) < n            # really chunked
+  got, want = jax.jit(chunked)(h, w), jax.jit(full)(h, w)
+  logits = np.einsum("bne,ve->bnv" if transposed else "bne,ev->bnv", h, w) / temp
+  ls = _np_log_softmax(logits)
+  for k in ("lp", "ent"):                  # the same float32 function, chunked or not
+    np.testing.assert_allclose(got[k], want[k], atol=1e-5)
+  # ... and that function against a float64 numpy log-softmax
+  np.testing.assert_allclose(got["lp"], np.take_along_axis(ls, tg[..., None], -1)[..., 0],
+                             atol=5e-5)
+  np.testing.assert_allclose(got["ent"], -(np.exp(ls) * ls).sum(-1), atol=5e-5)
+  np.testing.assert_array_equal(got["hit"], want["hit"])
+  np.testing.assert_array_equal(got["hit"], (logits.argmax(-1) == tg).astype(np.float32))
+  # Gradients of a loss that reads log-probs and entropies, through both paths.
+  wts = rng.normal(size=(b, n)).astype(np.float32)
+  loss = lambda f: lambda h, w: jnp.sum(f(h, w)["lp"] * wts) + 0.3 * jnp.sum(f(h, w)["ent"])
+  g_got = jax.jit(jax.grad(loss(chunked), argnums=(0, 1)))(h, w)
+  g_want = jax.jit(jax.grad(loss(full), argnums=(0, 1)))(h, w)
+  for a, c in zip(g_got, g_want):
+    np.testing.assert_allclose(a, c, atol=1e-5, rtol=1e-5)
+
+
+def test_entropy_carries_no_gradient_unless_asked():
+  rng = np.random.default_rng(1)
+  h = rng.normal(size=(1, 9, 4)).astype(np.float32)
+  w = rng.normal(size=(4, V)).astype(np.float32)
+  tg = np.zeros((1, 9), np.int32)
+  f = lambda h: jnp.sum(lp_lib.chunked_head_logprobs(h, w, tg, chunk=V * 2,
+                                                     with_entropy=True)["ent"])
+  assert float(jnp.abs(jax.grad(f)(h)).max()) == 0.0
+
+
+CFG = ModelConfig(vocab_size=V, hidden_size=32, intermediate_size=64, num_layers=2,
+                  num_heads=4, num_kv_heads=2, head_dim=8)
+
+
+def _batch(b=4, t=24):
+  rng = np.random.default_rng(0)
+  ids = rng.integers(0, V, (b, t)).astype(np.int32)
+  attn = np.ones((b, t), np.int32)
+  attn[0, :3] = 0
+  loss_mask = np.zeros((b, t), np.float32)
+  loss_mask[:, 10:] = 1
+  loss_mask[1, 15:18] = 0
+  return {"input_ids": ids, "attention_mask": attn, "loss_mask": loss_mask,
+          "advantages": np.array([1.0, -0.5, 2.0, 0.3], np.float32)}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tied", [False, True])
+def test_update_steps_equal_with_and_without_chunks(tied):
+  """Policy (with KL, entropy bonus, 2 micro-batches), SFT and log-prob forward: chunked (3
+  positions per chunk) vs the full logits, to 1e-5 in float32 (SGD, so params move by the
+  gradient)."""
+  cfg = CFG.replace(tie_word_embeddings=tied)
+  model = DecoderLM(cfg)
+  params = init_params(model, jax.random.PRNGKey(0))
+  mesh = shd.make_mesh()
+  batch = _batch()
+  loss_cfg = rl.LossConfig.preset("grpo", entropy_coef=0.01, temperature=0.8)
+  small = 2 * 3 * V                          # micro-batch of 2 rows x 3 positions x vocab
+  out = {}
+  for chunk in (0, small):
+    logp = ts.make_logprob_fn(model, mesh, temperature=0.8, micro_batches=2,
+                              logits_chunk=chunk)(params, batch, 8)
+    b = dict(batch, ref_logp=np.asarray(logp) - 0.05, old_logp=np.asarray(logp) + 0.02)
+    opt = optax.sgd(1.0)
+    pol = ts.make_policy_step(model, opt, mesh, loss_cfg, micro_batches=2, logits_chunk=chunk)
+    st, pm = pol(rl.create_train_state(model, opt, mesh, params=params), b, 8)
+    sft = ts.make_sft_step(model, opt, mesh, micro_batches=2, logits_chunk=chunk)
+    st2, sm = sft(rl.create_train_state(model, opt, mesh, params=params), batch, 0)
+    out[chunk] = (np.asarray(logp), jax.device_get(st.params), pm, jax.device_get(st2.params),
+                  sm)
+  (lp0, p0, m0, s0, sm0), (lp1, p1, m1, s1, sm1) = out[0], out[small]
+  np.testing.assert_allclose(lp1, lp0, atol=1e-5)
+  assert np.all(lp1[:, :9] == 0)
+  for a, c in zip(jax.tree_util.tree_leaves(p1) + jax.tree_util.tree_leaves(s1),
+                  jax.tree_util.tree_leaves(p0) + jax.tree_util.tree_leaves(s0)):
+    np.testing.assert_allclose(a, c, atol=1e-5)
+  for k in m0:
+    assert float(m1[k]) == pytest.approx(float(m0[k]), abs=1e-5), k
+  for k in sm0:
+    assert float(sm1[k]) == pytest.approx(float(sm0[k]), abs=1e-5), k
+  assert float(m0["entropy"]) > 0 and 0 <= float(sm0["accuracy"]) <= 1
+
+
+def test_update_memory_does_not_grow_with_the_vocabulary():
+  """XLA's memory analysis of the compiled policy update at vocab 1,024 and 16,384, everything
+  else equal: with the full logits the temporaries grow by more than the [B, T, V] f32 logits
+  grow; in chunks by less than a quarter of the large vocabulary's logits."""
+  mesh = shd.make_mesh(devices=jax.devices()[:1])
+  opt = optax.sgd(1.0)
+  b, t = 8, 128
+  spec = lambda shape, dt: jax.ShapeDtypeStruct(shape, dt, sharding=shd.batch_sharding(mesh))
+  batch = {"input_ids": spec((b, t), jnp.int32), "attention_mask": spec((b, t), jnp.int32),
+           "loss_mask": spec((b, t), jnp.int32), "advantages": spec((b,), jnp.float32)}
+  temps = {}
+  for vocab in (1024, 16384):
+    cfg = CFG.replace(vocab_size=vocab, hidden_size=16, intermediate_size=32, num_heads=2,
+                      num_kv_heads=1)
+    model = DecoderLM(cfg)
+    state = ts.abstract_train_state(model, opt, mesh)
+    for chunk in (0, 2 ** 20):
+      step = ts.make_policy_step(model, opt, mesh, rl.LossConfig.preset("dapo"),
+                                 logits_chunk=chunk)
+      compiled = step.lower(state, batch, 0).compile()
+      temps[vocab, chunk] = compiled.memory_analysis().temp_size_in_bytes
+  logits = lambda vocab: b * t * vocab * 4
+  assert temps[16384, 0] - temps[1024, 0] > logits(16384) - logits(1024), temps
+  assert temps[16384, 2 ** 20] - temps[1024, 2 ** 20] < logits(16384) / 4, temps
