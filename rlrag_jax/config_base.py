@@ -21,7 +21,8 @@ trainer (`rlrag_jax.trainer`) reads these sections for every method:
   distributed  jax.distributed.initialize arguments for multi-host runs.
   sft       warm-up: steps (0 = none), batch_size, lr, lr_schedule, warmup_ratio, weight_decay,
             max_len, pack_bucket (batch widths round up to it: fewer recompiles), group_by_length
-            (batches of similar-length samples, within windows of that many batches).
+            (batches of similar-length samples, within windows of that many batches),
+            micro_batches, tokens_per_micro_batch, logits_chunk (as rl's).
   rl        algo ('grpo' | 'dr_grpo' | 'rloo': group advantages of the named estimator;
             'ppo': a critic, see rl.ppo and rlrag_jax.training.learners), steps, prompts_per_step, group_size, sampling (temperature, top_k, top_p,
             max_new_tokens), optimiser (lr, lr_schedule cosine | linear | constant after the
@@ -29,7 +30,13 @@ trainer (`rlrag_jax.trainer`) reads these sections for every method:
             (kl_beta, kl_estimator k1 | k2 | k3), PPO clip (clip_eps_low / _high, dual_clip),
             entropy_coef (an entropy bonus: minus it times the aggregated entropy in the loss),
             aggregation (sequence_mean | token_mean | constant), advantages (scale_std,
-            adv_eps), mu (updates per batch), micro_batches, dynamic_sampling (+ max tries;
+            adv_eps), mu (updates per batch), micro_batches (equal splits accumulated in the
+            step), tokens_per_micro_batch (> 0 replaces them: episodes sorted by length into
+            micro-batches of at most that many padded tokens, each at its own width, for the
+            updates and the log-prob / value forwards; peak memory follows it; 0: off),
+            logits_chunk (logit elements computed at once: log-probs in chunks of tokens
+            against the LM head, recomputed in the backward pass; 0: the full logits),
+            dynamic_sampling (+ max tries;
             dynamic_sampling_key: the reward entry whose spread within a group keeps it, e.g.
             'total' or 'correct' as DAPO does),
             pack_bucket; ppo (algo 'ppo': critic 'separate' = a value LM started from the
@@ -98,15 +105,24 @@ def trainer_config(method: str, workdir: str) -> ml_collections.ConfigDict:
                            # sorted within windows of this many batches (less padding)
       prompt_loss=0.0,     # > 0: that loss weight on prompt tokens too (LM training on the
                            # passages, the only "pretraining" a from-scratch model gets)
-      micro_batches=1))    # gradient accumulation inside the step (smaller live buffers)
+      micro_batches=1,     # gradient accumulation inside the step (smaller live buffers)
+      tokens_per_micro_batch=0,    # > 0: micro-batches of at most this many padded tokens,
+                                   # packed by length (replaces micro_batches; 0: off)
+      logits_chunk=2 ** 26))       # logit elements (tokens x vocab) computed at once (as rl's)
 
   c.rl = ml_collections.ConfigDict(dict(
       algo="grpo", steps=0, prompts_per_step=8, group_size=8, temperature=1.0, top_k=0,
       top_p=1.0, max_new_tokens=128, lr=1e-4, lr_schedule="cosine", warmup_ratio=0.0,
       weight_decay=0.0, max_grad_norm=1.0, kl_beta=0.04, kl_estimator="k3", clip_eps_low=0.2, clip_eps_high=0.2,
       dual_clip=0.0, entropy_coef=0.0, aggregation="sequence_mean", scale_std=True, adv_eps=1e-4, mu=1,
-      micro_batches=1, dynamic_sampling=False, dynamic_sampling_key="total",
+      micro_batches=1, tokens_per_micro_batch=0, dynamic_sampling=False,
+      dynamic_sampling_key="total",
       dynamic_max_tries=3, pack_bucket=64,
+      # The LM head's logits in chunks of at most this many elements (tokens x vocab: 2**26 is
+      # 256 MiB in float32, 441 tokens at Qwen's 151,936 vocabulary), each recomputed in the
+      # backward pass: no [tokens, vocab] array in the updates and log-prob forwards. A batch
+      # whose logits fit at once takes the unchunked path (the CPU defaults' always do); 0: off.
+      logits_chunk=2 ** 26,
       # rl.algo == 'ppo' only: the critic and GAE (rlrag_jax.training.learners.PPOLearner)
       ppo=ml_collections.ConfigDict(dict(
           critic="separate", gamma=1.0, lam=0.95, vf_lr=1e-4, vf_clip=0.2, whiten=True,

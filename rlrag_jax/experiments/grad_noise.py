@@ -196,13 +196,17 @@ class Probe:
     self.module = DecoderLM(lm.config)
     self.loss_cfg = policy_loss_config(rl, beta=0.0)
     opt, self.state = _sgd_state(self.module, self.mesh, lm.params)
+    chunk = int(rl.logits_chunk)
     rl_step = ts.make_policy_step(self.module, opt, self.mesh, self.loss_cfg,
-                                  micro_batches=rl.micro_batches)
+                                  micro_batches=learners.equal_micro_batches(rl),
+                                  logits_chunk=chunk)
     logp = ts.make_logprob_fn(self.module, self.mesh, temperature=rl.temperature,
-                              micro_batches=rl.micro_batches)
+                              micro_batches=learners.equal_micro_batches(rl), logits_chunk=chunk)
     self.learner = learners.make_learner(config, _Steps(rl_step, logp), self.mesh, lm.config,
                                          self.pad)
-    self.sft_step = ts.make_sft_step(self.module, opt, self.mesh) if with_sft else None
+    self.sft_step = (ts.make_sft_step(self.module, opt, self.mesh,
+                                      logits_chunk=int(config.sft.logits_chunk))
+                     if with_sft else None)
 
   def rl_gradient(self, episodes, scores, key):
     return rl_gradient(self.learner, self.state, episodes, scores, key)

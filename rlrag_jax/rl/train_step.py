@@ -1,7 +1,9 @@
 """The sharded, jitted update steps: policy (GRPO / DAPO / Dr. GRPO), SFT and PPO critic.
 
-Each `make_*_step` returns ONE `jax.jit` with explicit in/out shardings and the TrainState
-donated: `state, metrics = step(state, batch)`.
+Each `make_*_step` returns an `UpdateStep`: ONE `jax.jit` with explicit in/out shardings and
+the TrainState donated, `state, metrics = step(state, batch)`, and the same update over
+token-budget micro-batches of different widths, `step.accumulated(state, parts)` (an
+`accumulate` jit per micro-batch, then an `apply` jit).
 
 Design choices:
   * Gradient accumulation is a `lax.scan` over micro-batches inside the one jit, not
@@ -12,6 +14,10 @@ Design choices:
     counting, the non-finite skip and mu inner iterations simple.
   * Micro-batch m takes rows m, m + M, m + 2M, ...: with the batch sharded over ('data', 'fsdp')
     in contiguous blocks, that split moves no data between devices.
+  * Token-budget micro-batches (`rl.tokens_per_micro_batch`, `sft.tokens_per_micro_batch`):
+    the host packs each micro-batch at its own width (`rollout.batch.plan_micro_batches`), so
+    peak memory follows the budget, not the longest episode; the normalisers still come from
+    all of the update's loss masks, so the update equals the one-batch one.
   * Non-finite loss or gradient norm: params and opt_state are returned unchanged (so the
     optimizer's count and the lr schedule do not advance) and metrics['skipped'] = 1. `step`
     counts calls and always advances, so checkpoint numbering and logging keep moving.
@@ -220,14 +226,36 @@ def _loss_mask(mask: Array) -> Array:
   return m * (jnp.arange(m.shape[1]) > 0).astype(jnp.float32)[None, :]
 
 
-def _token_norms(aggregation: str, max_len: Optional[int]) -> Callable:
+@dataclasses.dataclass(frozen=True)
+class _TokenNorms:
   """norms_fn for `_make_update_step`: the loss denominator over the whole batch (so that
-  micro-batching does not change the loss) and the loss-token count for the metrics."""
-  def norms_fn(batch):
+  micro-batching does not change the loss) and the loss-token count for the metrics.
+
+  `norms(batch)` traces them from one batch; `norms.host(loss_masks)` computes the same
+  numbers in numpy from the loss masks of an update's micro-batches of any widths (every
+  mode's denominator is a sum over rows, and pad rows, with no loss token, add nothing), so
+  token-budget micro-batches divide by the one-big-batch normaliser too."""
+  aggregation: str
+  max_len: Optional[int]
+
+  def __call__(self, batch) -> dict:
     m = _loss_mask(batch["loss_mask"])
-    _, den = aggregation_terms(m, m, aggregation, max_len)
+    _, den = aggregation_terms(m, m, self.aggregation, self.max_len)
     return {"den": jnp.maximum(den, 1e-8), "tokens": jnp.maximum(jnp.sum(m), 1.0)}
-  return norms_fn
+
+  def host(self, loss_masks) -> dict:
+    tokens, rows = 0.0, 0
+    for mask in loss_masks:
+      m = np.asarray(mask, np.float32)[:, 1:]          # column 0 is never a loss token
+      tokens += float(np.sum(m, dtype=np.float64))
+      rows += int(np.sum(np.sum(m, axis=1) > 0))      # rows with tokens (losses.AGGREGATIONS)
+    den = {"sequence_mean": float(rows), "token_mean": tokens,
+           "constant": float(rows) * float(self.max_len or 0)}[self.aggregation]
+    return {"den": np.float32(max(den, 1e-8)), "tokens": np.float32(max(tokens, 1.0))}
+
+
+def _token_norms(aggregation: str, max_len: Optional[int]) -> _TokenNorms:
+  return _TokenNorms(aggregation, max_len)
 
 
 def _check_batch(batch: dict, required, where: str):
@@ -341,17 +369,106 @@ def _check_start(start, width: int, where: str) -> int:
   return int(start)
 
 
-def _make_update_step(mb_loss: Callable, norms_fn: Callable, finalize: Callable, opt, mesh: Mesh,
-                      state_sh: TrainState, micro_batches: int, required, where: str,
-                      lr_schedule: Optional[Callable]):
+class UpdateStep:
+  """One optimizer update, in either of two forms (built by `_make_update_step`).
+
+  `state, metrics = step(state, batch, logits_start=0)`: ONE jit over one batch [B, T], split
+  into `micro_batches` equal micro-batches scanned inside it (rows m, m + M, ...).
+
+  `state, metrics = step.accumulated(state, [(mb, logits_start), ...])`: one update over
+  micro-batches of any widths and row counts (token-budget micro-batches,
+  `rollout.batch.plan_micro_batches`), each a multiple of data x fsdp rows (all-zero pad rows
+  add nothing). Two jits: `accumulate(params, grads, sums, loss, mb, norms, start)` adds one
+  micro-batch's float32 gradient to `grads` (donated), compiled once per micro-batch shape and
+  start; `apply(state, grads, sums, loss, norms)` clips, runs the optimizer, skips a
+  non-finite update and writes the metrics exactly as the one-jit step does. The whole-batch
+  normalisers come once from every micro-batch's loss mask (`_TokenNorms.host`), so the summed
+  gradient, loss and metrics equal those of the one batch the micro-batches split, for every
+  aggregation mode. Live memory follows the largest micro-batch, not the whole batch.
+  """
+
+  def __init__(self, step, accumulate, apply, zeros, mb_loss, norms_fn, mesh: Mesh, required,
+               where: str):
+    self.jit, self.accumulate, self.apply, self.zeros = step, accumulate, apply, zeros
+    self._mb_loss, self._norms_fn, self._mesh = mb_loss, norms_fn, mesh
+    self._required, self._where = required, where
+    self._sums = {}                  # batch keys -> the sums dict's abstract shape
+
+  def __call__(self, state: TrainState, batch: dict, logits_start: int = 0):
+    return self.jit(state, batch, logits_start)
+
+  def lower(self, *args, **kwargs):
+    return self.jit.lower(*args, **kwargs)
+
+  def norms(self, loss_masks) -> dict:
+    """The whole-update normalisers from the micro-batches' loss masks [b_i, T_i] (host)."""
+    return jax.device_put(self._norms_fn.host(loss_masks), shd.replicated(self._mesh))
+
+  def abstract_sums(self, params, mb: dict, start: int = 0) -> dict:
+    """The metric sums' shapes for batches with mb's keys (ref_logp, old_logp add some)."""
+    key = tuple(sorted(mb))
+    if key not in self._sums:
+      norms = {"den": jax.ShapeDtypeStruct((), jnp.float32),
+               "tokens": jax.ShapeDtypeStruct((), jnp.float32)}
+      fn = functools.partial(self._mb_loss, start=start)
+      self._sums[key] = jax.eval_shape(fn, params, mb, norms)[1]
+    return self._sums[key]
+
+  def zero_sums(self, params, mb: dict, start: int = 0) -> tuple:
+    """(zero sums, zero loss) on the devices, the accumulator's start."""
+    zeros = jax.tree_util.tree_map(lambda x: np.zeros(x.shape, x.dtype),
+                                   self.abstract_sums(params, mb, start))
+    return jax.device_put((zeros, np.zeros((), np.float32)), shd.replicated(self._mesh))
+
+  def accumulated(self, state: TrainState, parts) -> tuple:
+    """One update over `parts`, a list of (micro-batch dict, static logits_start)."""
+    if not parts:
+      raise ValueError(f"{self._where}: accumulated() needs at least one micro-batch")
+    if jax.process_count() > 1:
+      raise ValueError(f"{self._where}: token-budget micro-batches are planned from one "
+                       "process's episodes; multi-host runs need tokens_per_micro_batch=0")
+    starts = []
+    for mb, start in parts:
+      _check_batch(mb, self._required, self._where)
+      if set(mb) != set(parts[0][0]):
+        raise ValueError(f"{self._where}: micro-batches carry different keys: {sorted(mb)} "
+                         f"and {sorted(parts[0][0])}")
+      _check_micro(mb["input_ids"].shape[0], 1, self._mesh, self._where)
+      starts.append(_check_start(start, mb["input_ids"].shape[1], self._where))
+    norms = self.norms([mb["loss_mask"] for mb, _ in parts])
+    grads = self.zeros(state.params)
+    sums, loss = self.zero_sums(state.params, parts[0][0], starts[0])
+    for (mb, _), start in zip(parts, starts):
+      grads, sums, loss = self.accumulate(state.params, grads, sums, loss, mb, norms, start)
+    return self.apply(state, grads, sums, loss, norms)
+
+
+def _make_update_step(mb_loss: Callable, norms_fn: _TokenNorms, finalize: Callable, opt,
+                      mesh: Mesh, state_sh: TrainState, micro_batches: int, required, where: str,
+                      lr_schedule: Optional[Callable]) -> UpdateStep:
   """Shared machinery: scan over micro-batches, accumulate grads, skip non-finite, update.
 
   mb_loss(params, mb, norms, start) -> (loss already divided by the whole-batch normaliser,
   sums dict); `start` is the step's static `logits_start` (the first position whose logits are
   computed). norms_fn(batch) -> dict of whole-batch normalisers; finalize(sums, norms)
   -> metrics dict. The jitted step is `step(state, batch, logits_start=0)`; each distinct
-  logits_start compiles once.
+  logits_start compiles once. See `UpdateStep` for the token-budget form.
   """
+  bsh, rep = shd.batch_sharding(mesh), shd.replicated(mesh)
+
+  def apply_update(state: TrainState, grads, sums, loss, norms):
+    grad_norm = optax.global_norm(grads)
+    ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+    updates, new_opt = opt.update(grads, state.opt_state, state.params)
+    new_params = optax.apply_updates(state.params, updates)
+    keep = lambda new, old: jax.tree_util.tree_map(lambda n, o: jnp.where(ok, n, o), new, old)
+    metrics = finalize(sums, norms)
+    metrics.update(loss=loss, grad_norm=grad_norm, skipped=1.0 - ok.astype(jnp.float32))
+    if lr_schedule is not None:
+      metrics["lr"] = jnp.asarray(lr_schedule(optimizer_count(state.opt_state)), jnp.float32)
+    new_state = TrainState(params=keep(new_params, state.params),
+                           opt_state=keep(new_opt, state.opt_state), step=state.step + 1)
+    return new_state, metrics
 
   def step(state: TrainState, batch: dict, logits_start: int = 0):
     _check_batch(batch, required, where)
@@ -362,8 +479,7 @@ def _make_update_step(mb_loss: Callable, norms_fn: Callable, finalize: Callable,
     loss_fn = functools.partial(mb_loss, start=start)
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
     if micro_batches == 1:
-      mb = jax.tree_util.tree_map(
-          lambda x: jax.lax.with_sharding_constraint(x, shd.batch_sharding(mesh)), batch)
+      mb = jax.tree_util.tree_map(lambda x: jax.lax.with_sharding_constraint(x, bsh), batch)
       (loss, sums), grads = grad_fn(state.params, mb, norms)
       grads = jax.tree_util.tree_map(lambda g: g.astype(jnp.float32), grads)
     else:
@@ -384,22 +500,28 @@ def _make_update_step(mb_loss: Callable, norms_fn: Callable, finalize: Callable,
 
       (grads, sums, loss), _ = jax.lax.scan(body, (zeros_g, zeros_s, jnp.zeros((), jnp.float32)),
                                             mbs)
-    grad_norm = optax.global_norm(grads)
-    ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-    updates, new_opt = opt.update(grads, state.opt_state, state.params)
-    new_params = optax.apply_updates(state.params, updates)
-    keep = lambda new, old: jax.tree_util.tree_map(lambda n, o: jnp.where(ok, n, o), new, old)
-    metrics = finalize(sums, norms)
-    metrics.update(loss=loss, grad_norm=grad_norm, skipped=1.0 - ok.astype(jnp.float32))
-    if lr_schedule is not None:
-      metrics["lr"] = jnp.asarray(lr_schedule(optimizer_count(state.opt_state)), jnp.float32)
-    new_state = TrainState(params=keep(new_params, state.params),
-                           opt_state=keep(new_opt, state.opt_state), step=state.step + 1)
-    return new_state, metrics
+    return apply_update(state, grads, sums, loss, norms)
 
-  return jax.jit(step, in_shardings=(state_sh, shd.batch_sharding(mesh)),
-                 out_shardings=(state_sh, shd.replicated(mesh)), donate_argnums=(0,),
-                 static_argnums=(2,))
+  def accumulate(params, grads, sums, loss, mb: dict, norms: dict, start: int):
+    grad_fn = jax.value_and_grad(functools.partial(mb_loss, start=start), has_aux=True)
+    mb = jax.tree_util.tree_map(lambda x: jax.lax.with_sharding_constraint(x, bsh), mb)
+    (l, s), g = grad_fn(params, mb, norms)
+    grads = jax.tree_util.tree_map(lambda a, b: a + b.astype(jnp.float32), grads, g)
+    grads = jax.lax.with_sharding_constraint(grads, state_sh.params)
+    return grads, jax.tree_util.tree_map(jnp.add, sums, s), loss + l
+
+  zeros = lambda params: jax.tree_util.tree_map(lambda p: jnp.zeros(p.shape, jnp.float32),
+                                                params)
+  return UpdateStep(
+      jax.jit(step, in_shardings=(state_sh, bsh), out_shardings=(state_sh, rep),
+              donate_argnums=(0,), static_argnums=(2,)),
+      jax.jit(accumulate, in_shardings=(state_sh.params, state_sh.params, rep, rep, bsh, rep),
+              out_shardings=(state_sh.params, rep, rep), donate_argnums=(1,),
+              static_argnums=(6,)),
+      jax.jit(apply_update, in_shardings=(state_sh, state_sh.params, rep, rep, rep),
+              out_shardings=(state_sh, rep), donate_argnums=(0,)),
+      jax.jit(zeros, in_shardings=(state_sh.params,), out_shardings=state_sh.params),
+      mb_loss, norms_fn, mesh, required, where)
 
 
 # ------------------------------------------------------------------------------------ policy

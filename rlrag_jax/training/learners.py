@@ -20,8 +20,16 @@
 Both pack the episodes into one token batch, compute the sampling policy's log-probs when updates
 are more than one (mu > 1 or mini-batches), the reference log-probs when the KL term is on, and
 call the jitted, sharded update steps of `rl.train_step`.
+
+With `rl.tokens_per_micro_batch` > 0 no whole batch reaches the device: the episodes (PPO: each
+mini-batch's) are planned into length-sorted micro-batches of at most that many padded tokens
+(`rollout.batch.plan_micro_batches`), each packed at its own width; the log-prob and value
+forwards run per micro-batch, and one update accumulates them (`UpdateStep.accumulated`), with
+the whole batch's loss normalisers, so it equals the one-batch update. mu > 1 repeats the plan.
 """
 from __future__ import annotations
+
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -33,7 +41,8 @@ from rlrag_jax.models import sharding
 from rlrag_jax.rl import advantages as adv_lib
 from rlrag_jax.rl import losses
 from rlrag_jax.rl import train_step as ts
-from rlrag_jax.rollout.batch import logits_start, pack
+from rlrag_jax.rollout.batch import (logits_start, pack, pack_micro_batch, plan_micro_batches,
+                                     put_rows, take_rows)
 
 OUTCOME_ALGOS = tuple(adv_lib.ADVANTAGE_ESTIMATORS)
 ALGOS = OUTCOME_ALGOS + ("ppo",)
@@ -57,11 +66,51 @@ def updates_per_step(rl) -> int:
   return int(rl.mu) * _mini_batches(rl)
 
 
+def token_budget(section) -> int:
+  """`tokens_per_micro_batch` of config section `rl` or `sft` (0: off)."""
+  budget = int(section.get("tokens_per_micro_batch", 0))
+  if budget < 0:
+    raise ValueError(f"config key 'tokens_per_micro_batch' is {budget}; expected 0 (off) or a "
+                     "positive token count")
+  return budget
+
+
+def equal_micro_batches(section) -> int:
+  """The equal-split micro-batch count a step is built with: `micro_batches` of config
+  section `rl` or `sft`, or 1 when a token budget replaces them."""
+  return 1 if token_budget(section) else int(section.get("micro_batches", 1))
+
+
 def episode_unit(rl) -> int:
   """The number a step's episode count must be a multiple of: rl.micro_batches in each of
-  the mini-batches. A task that pads its own episode count (a `collect` hook) pads to a
-  multiple of this."""
-  return int(rl.micro_batches) * _mini_batches(rl)
+  the mini-batches (token-budget micro-batches pad their own rows: the mini-batches only).
+  A task that pads its own episode count (a `collect` hook) pads to a multiple of this."""
+  return equal_micro_batches(rl) * _mini_batches(rl)
+
+
+def shard_count(mesh) -> int:
+  """Devices a batch's rows are split over (data x fsdp): a micro-batch's row multiple."""
+  return int(mesh.shape["data"] * mesh.shape["fsdp"])
+
+
+def plan_episodes(episodes, rows, budget: int, bucket: int, mesh) -> list:
+  """Token-budget micro-batches (`rollout.batch.MicroBatch`) of episodes[rows]; their `rows`
+  index `episodes`."""
+  rows = np.asarray(rows, np.int64)
+  plan = plan_micro_batches([len(episodes[i].prompt_ids) for i in rows],
+                            [len(episodes[i].completion_ids) for i in rows], budget,
+                            bucket=bucket, shards=shard_count(mesh))
+  return [dataclasses.replace(mb, rows=rows[mb.rows]) for mb in plan]
+
+
+def pack_episodes(episodes, mb, pad_id: int, bucket: int) -> dict:
+  """The micro-batch's episodes packed at its width, padded with zero rows to its size."""
+  return pack_micro_batch([e.prompt_ids for e in episodes], [e.completion_ids for e in episodes],
+                          [e.loss_mask for e in episodes], mb, pad_id=pad_id, bucket=bucket)
+
+
+def _pad_to(x: np.ndarray, size: int) -> np.ndarray:
+  return np.concatenate([x, np.zeros((size - x.shape[0],) + x.shape[1:], x.dtype)])
 
 
 def make_learner(config, steps, mesh, model_cfg, pad_id: int):
@@ -99,6 +148,9 @@ class OutcomeLearner:
     else:
       adv = np.asarray(adv_lib.keyed_advantages(
           totals, keys, scale_std=self.algo == "grpo" and bool(rl.scale_std), eps=rl.adv_eps))
+    if token_budget(rl):
+      state, m = self._update_by_budget(state, episodes, adv.astype(np.float32), ref_params)
+      return state, critic, m
     batch = pack([e.prompt_ids for e in episodes], [e.completion_ids for e in episodes],
                  [e.loss_mask for e in episodes], pad_id=self.pad, bucket=rl.pack_bucket)
     batch["advantages"] = adv.astype(np.float32)
@@ -112,6 +164,26 @@ class OutcomeLearner:
       state, m = self.steps.rl_step(state, batch, start)
     return state, critic, {k: float(v) for k, v in m.items()}
 
+  def _update_by_budget(self, state, episodes, adv, ref_params) -> tuple:
+    """The same update over token-budget micro-batches: the forwards per micro-batch, then
+    rl.mu accumulated updates over the same plan."""
+    rl = self.rl
+    parts = []
+    for mb in plan_episodes(episodes, np.arange(len(episodes)), token_budget(rl),
+                            rl.pack_bucket, self.mesh):
+      host = pack_episodes(episodes, mb, self.pad, rl.pack_bucket)
+      host["advantages"] = _pad_to(adv[mb.rows], mb.size)
+      start = logits_start(host["loss_mask"], rl.pack_bucket)
+      batch = sharding.shard_batch(host, self.mesh)
+      if rl.mu > 1:
+        batch["old_logp"] = self.steps.logp(state.params, batch, start)
+      if self.steps.with_ref:
+        batch["ref_logp"] = self.steps.logp(ref_params, batch, start)
+      parts.append((batch, start))
+    for _ in range(rl.mu):
+      state, m = self.steps.rl_step.accumulated(state, parts)
+    return state, {k: float(v) for k, v in m.items()}
+
 
 class PPOLearner:
   """PPO with a critic: GAE advantages per token, clipped policy and value losses."""
@@ -124,7 +196,7 @@ class PPOLearner:
       raise ValueError(f"config key 'rl.ppo.critic' is {self.ppo.critic!r}; expected one of "
                        f"{CRITICS}")
     self.shared = self.ppo.critic == "head"
-    if int(self.ppo.mini_batches) < 1 or int(rl.micro_batches) < 1:
+    if int(self.ppo.mini_batches) < 1 or equal_micro_batches(rl) < 1:
       raise ValueError(f"config keys 'rl.ppo.mini_batches' = {self.ppo.mini_batches} and "
                        f"'rl.micro_batches' = {rl.micro_batches} must be >= 1")
     self._gae = jax.jit(adv_lib.gae, static_argnums=(3, 4))
@@ -147,8 +219,9 @@ class PPOLearner:
     clip = float(self.ppo.vf_clip)
     self.value_step = ts.make_value_step(
         self.module, self.opt, mesh, clip_eps=clip if clip > 0 else None,
-        aggregation=rl.aggregation, max_len=rl.max_new_tokens, micro_batches=rl.micro_batches)
-    self.value_fn = ts.make_value_fn(self.module, mesh, micro_batches=rl.micro_batches)
+        aggregation=rl.aggregation, max_len=rl.max_new_tokens,
+        micro_batches=equal_micro_batches(rl))
+    self.value_fn = ts.make_value_fn(self.module, mesh, micro_batches=equal_micro_batches(rl))
     self.hidden = model_cfg.hidden_size
     self.param_dtype = model_cfg.params_dtype
 
@@ -181,15 +254,33 @@ class PPOLearner:
     host = pack([e.prompt_ids for e in episodes], [e.completion_ids for e in episodes],
                 [e.loss_mask for e in episodes], pad_id=self.pad, bucket=rl.pack_bucket)
     start = logits_start(host["loss_mask"], rl.pack_bucket)
-    dev = sharding.shard_batch(host, self.mesh)
+    budget = token_budget(rl)
+    p_len = max(len(e.prompt_ids) for e in episodes)      # pack's prompt columns
+    if budget:        # the forwards per token-budget micro-batch, back in `host`'s layout
+      fwd = []
+
+      def forward(fn, params):
+        if not fwd:
+          for mb in plan_episodes(episodes, np.arange(len(episodes)), budget, rl.pack_bucket,
+                                  self.mesh):
+            b = pack_episodes(episodes, mb, self.pad, rl.pack_bucket)
+            fwd.append((mb, sharding.shard_batch(b, self.mesh),
+                        logits_start(b["loss_mask"], rl.pack_bucket)))
+        out = np.zeros(host["input_ids"].shape, np.float32)
+        for mb, batch, s in fwd:
+          put_rows(out, fn(params, batch, s), p_len, mb)
+        return out
+    else:
+      dev = sharding.shard_batch(host, self.mesh)
+      forward = lambda fn, params: fn(params, dev, start)
     n, mini = totals.shape[0], int(ppo.mini_batches)
     on_policy = int(rl.mu) == 1 and mini == 1
     # One update on the whole batch samples and updates the same policy (ratio 1): the
     # step's own stop-gradient log-probs are the old ones, so no separate forward.
     if not on_policy:
-      host["old_logp"] = np.asarray(self.steps.logp(state.params, dev, start))
+      host["old_logp"] = np.asarray(forward(self.steps.logp, state.params))
     if self.steps.with_ref:
-      host["ref_logp"] = np.asarray(self.steps.logp(ref_params, dev, start))
+      host["ref_logp"] = np.asarray(forward(self.steps.logp, ref_params))
     mask = (host["loss_mask"] > 0).astype(np.float32)
     mask[:, 0] = 0.0
     rewards = _token_rewards(episodes, totals, host, mask)
@@ -202,7 +293,7 @@ class PPOLearner:
       metrics = {"tree/adv_tokens_frac": float(nonzero.sum() / max(mask.sum(), 1.0)),
                  "tree/adv_abs_mean": _masked_mean(np.abs(np.asarray(adv)), mask)}
     else:
-      values = self.value_fn(critic.params, dev)
+      values = forward(self.value_fn, critic.params)
       adv, returns = self._gae(rewards, values, jnp.asarray(mask), float(ppo.gamma),
                                float(ppo.lam))
       metrics = {"vf/explained_variance": explained_variance(values, returns, mask),
@@ -214,7 +305,7 @@ class PPOLearner:
     host["old_values"] = np.asarray(values, np.float32)
 
     size = n // mini
-    if n % mini or size % int(rl.micro_batches):
+    if n % mini or size % equal_micro_batches(rl):
       # The episode count is the task's (a task with a `collect` hook pads it to its own
       # buckets), so the split is checked here, per step.
       raise ValueError(
@@ -225,19 +316,45 @@ class PPOLearner:
         () if on_policy else ("old_logp",)) + (("ref_logp",) if self.steps.with_ref else ())
     val_keys = ("input_ids", "attention_mask", "loss_mask", "returns", "old_values")
     sums: dict = {}
+    parts = {}
     for _ in range(int(rl.mu)):
       order = rng.permutation(n) if mini > 1 else np.arange(n)
       for j in range(mini):
         rows = order[j * size:(j + 1) * size]
-        sub = lambda keys: sharding.shard_batch({k: host[k][rows] for k in keys}, self.mesh)
-        state, pm = self.steps.rl_step(state, sub(pol_keys), start)
         vm = {}
-        if not self.tree_mc:
-          critic, vm = self.value_step(critic, sub(val_keys), 0)
+        if budget:
+          key_rows = rows.tobytes()
+          if key_rows not in parts:      # one mini-batch (mu epochs of it): the same plan
+            parts = {key_rows: self._budget_parts(episodes, rows, host, p_len, pol_keys,
+                                                  val_keys)}
+          pol, val = parts[key_rows]
+          state, pm = self.steps.rl_step.accumulated(state, pol)
+          if not self.tree_mc:
+            critic, vm = self.value_step.accumulated(critic, val)
+        else:
+          sub = lambda keys: sharding.shard_batch({k: host[k][rows] for k in keys}, self.mesh)
+          state, pm = self.steps.rl_step(state, sub(pol_keys), start)
+          if not self.tree_mc:
+            critic, vm = self.value_step(critic, sub(val_keys), 0)
         for k, v in list(pm.items()) + [(f"vf/{k}", v) for k, v in vm.items()]:
           sums.setdefault(k, []).append(float(v))
     metrics.update({k: float(np.mean(v)) for k, v in sums.items()})
     return state, critic, metrics
+
+  def _budget_parts(self, episodes, rows, host, p_len: int, pol_keys, val_keys) -> tuple:
+    """Token-budget micro-batches of the mini-batch `rows`: ([(policy batch, logits_start)],
+    [(critic batch, 0)]), the per-token entries moved from `host`'s layout to each one's."""
+    rl = self.rl
+    pol, val = [], []
+    for mb in plan_episodes(episodes, rows, token_budget(rl), rl.pack_bucket, self.mesh):
+      b = pack_episodes(episodes, mb, self.pad, rl.pack_bucket)
+      for k in set(pol_keys + val_keys) - set(b):
+        b[k] = take_rows(host[k], p_len, mb)
+      start = logits_start(b["loss_mask"], rl.pack_bucket)
+      b = sharding.shard_batch(b, self.mesh)
+      pol.append(({k: b[k] for k in pol_keys}, start))
+      val.append(({k: b[k] for k in val_keys}, 0))
+    return pol, val
 
   def _whiten(self, adv, mask, episodes):
     """Advantages whitened over the batch, or, with rl.ppo.whiten_by naming an Episode.info

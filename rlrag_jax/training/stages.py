@@ -20,8 +20,9 @@ import numpy as np
 
 from rlrag_jax.data.pipeline import BatchIterator
 from rlrag_jax.models import sharding
-from rlrag_jax.rollout.batch import logits_start, pack
-from rlrag_jax.training import collection, report
+from rlrag_jax.rollout.batch import (logits_start, pack, pack_micro_batch, packed_lengths,
+                                     plan_micro_batches)
+from rlrag_jax.training import collection, learners, report
 
 log = logging.getLogger("rlrag_jax.trainer")
 
@@ -133,6 +134,22 @@ def sft_rows(task, items) -> tuple:
   return [task.prompt_ids(ex) for ex in items], [task.sft_target_ids(ex) for ex in items], masks
 
 
+def sft_batches(prompts, targets, masks, sft, pad_id: int, shards: int) -> list:
+  """One SFT step's host batches [(batch, logits_start)]: the whole batch, or with
+  `sft.tokens_per_micro_batch` its length-sorted micro-batches of at most that many padded
+  tokens (`rollout.batch.plan_micro_batches`), rows padded to a multiple of `shards`."""
+  packing = dict(pad_id=pad_id, max_len=sft.max_len, bucket=sft.pack_bucket,
+                 prompt_loss=sft.get("prompt_loss", 0.0))
+  budget = learners.token_budget(sft)
+  if budget:
+    plan = plan_micro_batches(*packed_lengths(prompts, targets, sft.max_len), budget,
+                              bucket=sft.pack_bucket, shards=shards)
+    batches = [pack_micro_batch(prompts, targets, masks, mb, **packing) for mb in plan]
+  else:
+    batches = [pack(prompts, targets, masks, **packing)]
+  return [(b, logits_start(b["loss_mask"], sft.pack_bucket)) for b in batches]
+
+
 class SFTStage:
   """Supervised warm-up on the task's targets (or its `sft_samples`)."""
   name = "sft"
@@ -148,12 +165,13 @@ class SFTStage:
     it = run.iterators["sft"]
     while run.stage == "sft" and run.step < end:
       run.step += 1
-      prompts, targets, masks = sft_rows(task, next(it))
-      batch = pack(prompts, targets, masks, pad_id=run.pad, max_len=config.sft.max_len,
-                   bucket=config.sft.pack_bucket,
-                   prompt_loss=config.sft.get("prompt_loss", 0.0))
-      start = logits_start(batch["loss_mask"], config.sft.pack_bucket)
-      run.state, m = run.steps.sft_step(run.state, sharding.shard_batch(batch, run.mesh), start)
+      parts = sft_batches(*sft_rows(task, next(it)), config.sft, run.pad,
+                          learners.shard_count(run.mesh))
+      parts = [(sharding.shard_batch(batch, run.mesh), start) for batch, start in parts]
+      if learners.token_budget(config.sft):
+        run.state, m = run.steps.sft_step.accumulated(run.state, parts)
+      else:
+        run.state, m = run.steps.sft_step(run.state, *parts[0])
       run.finish_step("sft", {**m, **run.compiles.take()})
 
 

@@ -76,12 +76,16 @@ class Steps:
         total_steps=max(rl_total * learners.updates_per_step(rl), 2),
         weight_decay=rl.weight_decay, max_grad_norm=rl.max_grad_norm))
     self.loss_cfg = policy_loss_config(rl)
+    # With a token budget the host packs the micro-batches (`accumulated`): no equal splits.
     self.sft_step = ts.make_sft_step(self.module, self.sft_opt, mesh,
-                                     micro_batches=int(config.sft.get("micro_batches", 1)))
+                                     micro_batches=learners.equal_micro_batches(config.sft),
+                                     logits_chunk=int(config.sft.logits_chunk))
     self.rl_step = ts.make_policy_step(self.module, self.rl_opt, mesh, self.loss_cfg,
-                                       micro_batches=rl.micro_batches)
+                                       micro_batches=learners.equal_micro_batches(rl),
+                                       logits_chunk=int(rl.logits_chunk))
     self.logp = ts.make_logprob_fn(self.module, mesh, temperature=rl.temperature,
-                                   micro_batches=rl.micro_batches)
+                                   micro_batches=learners.equal_micro_batches(rl),
+                                   logits_chunk=int(rl.logits_chunk))
     self.with_ref = rl.kl_beta > 0
 
   def new_state(self, params, stage: str):
