@@ -50,6 +50,7 @@ trainer (`rlrag_jax.trainer`) reads these sections for every method:
   eval      every (RL steps; 0 = before and after RL only), num_examples, max_new_tokens,
             batch_size, optional OpenAI-compatible judge (judge_url, judge_model).
   checkpoint  every, keep;  log_every;  export_hf (an HF checkpoint of the final policy).
+  compile_cache  the persistent XLA compile cache ('auto': ~/.cache/rlrag_jax/xla; '': off).
 """
 import ml_collections
 
@@ -133,6 +134,7 @@ def trainer_config(method: str, workdir: str) -> ml_collections.ConfigDict:
                                           batch_size=64, judge_url="", judge_model=""))
   c.checkpoint = ml_collections.ConfigDict(dict(every=50, keep=2))
   c.log_every = 5
+  c.compile_cache = "auto"  # persistent XLA cache folder; '': off (rlrag_jax.compile_cache)
   c.export_hf = True
   return c
 

@@ -17,7 +17,7 @@ from typing import Any, Optional
 
 import jax
 
-from rlrag_jax import evaluation, runlog
+from rlrag_jax import compile_cache, evaluation, runlog
 from rlrag_jax.models import LM, ModelConfig, hf_io, load_hf, save_hf
 from rlrag_jax.rollout.policy import Policy
 from rlrag_jax.tasks import get_task
@@ -41,6 +41,7 @@ def run(config, *, resume: bool = False, progress: bool = True,
         stop_after: Optional[int] = None) -> Optional[RunResult]:
   """Trains as `config` says. `stop_after=k` abandons the run right after global step k, without
   any final save (what a killed process leaves behind: checkpoints up to the last interval)."""
+  _enable_compile_cache(config)             # before _setup: building the model compiles
   r = _setup(config, stop_after)
   if resume:
     r.resume()
@@ -65,7 +66,8 @@ def run(config, *, resume: bool = False, progress: bool = True,
     r.save("rl")
   r.ckpt.close()
   r.compiles.close()
-  log.info("XLA compiles over the run: %d (%.1f s)", r.compiles.count, r.compiles.seconds)
+  log.info("XLA compiles over the run: %s", r.compiles.summary())
+  log.debug("XLA compiles by program:\n  %s", "\n  ".join(r.compiles.by_function_lines()))
   label = report.final_label(config)
   after = r.evaluate(label)
   r.rlog.write(r.step, "eval_after", after["all"])
@@ -76,6 +78,15 @@ def run(config, *, resume: bool = False, progress: bool = True,
     save_hf(LM(r.model_cfg, jax.device_get(r.state.params), r.task.tokenizer), r.workdir / "hf")
   r.rlog.close()
   return RunResult(r.workdir, r.before, after, r.model_cfg, r.state.params)
+
+
+def _enable_compile_cache(config) -> None:
+  spec = config.get("compile_cache", "auto")
+  path = compile_cache.enable(spec)
+  if path is None:
+    log.info("persistent compilation cache: off (compile_cache=%r)", spec)
+  else:
+    log.info("persistent compilation cache: on, in %s (compile_cache=%r)", path, spec)
 
 
 def _setup(config, stop_after) -> stages.Run:
