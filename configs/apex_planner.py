@@ -16,9 +16,41 @@ Presets (`get_config(arg)`):
   ''       a small model trained from scratch on the embedded world's gold decompositions: a
            partial SFT warm-up (the world's plans are template-made and a full warm-up learns
            them almost perfectly, leaving RL nothing to do), then GRPO on SEPR.
+  'gpu'    the CPU default sized for one NVIDIA H100: three seeds in about 8 minutes (2.6 min
+           a seed, compile included), an estimate until measured on a GPU (see "GPU budget"
+           below). The same world, gold plans, SEPR reward, evaluations and partial-SFT-then-
+           GRPO pipeline. Differences from the CPU default:
+             - a 4x wider model: hidden 512, 8 heads x 64 (4 KV heads), intermediate 1536,
+               still 4 layers (13.3M params against 0.98M);
+             - bf16 compute over float32 master params (model.dtype);
+             - 7x the RL samples a step: 56 prompts x 8 = 448 (CPU 8 x 8), the same 150
+               steps: steps x SNR 3.5 at the default (docs/results/README.md, "Gradient
+               noise"), about 24 here;
+             - lr SFT 1.5e-3 (CPU 3e-3) and RL 5e-5 (CPU 1e-4): scaled by 1/sqrt(width ratio
+               4), between the standard parametrisation (same lr: a 4x wider model's function
+               moves further per Adam step) and muP's 1/width; ours, to be tuned on a GPU. The
+               200 SFT steps were chosen to leave the CPU model a partial warm-up (SEPR ~0.33);
+               whether they leave the wider one room for RL is to be checked on the GPU run.
   'paper'  the paper's appendix D.3 where its text kept the value: GRPO, 3 epochs over the
            MuSiQue training questions, 8 samples per group, a KL loss and an entropy bonus,
            bf16; an HF instruct checkpoint (set model.path) and the real data (data.dir).
+
+GPU budget (':gpu'; assumptions, to be checked on a GPU): training FLOPs ~ 6 x params x
+tokens, sampling ~ 2 x params x generated tokens; updates at 20% MFU of the H100's ~990 bf16
+TFLOP/s (198 TFLOP/s); a decode step bound by reading the weights (53 MB in float32) and the
+KV cache (4 KB a token) at ~2 TB/s, with a floor of 0.3 ms a step (a 4-layer step's kernel
+launches); ~40 s of compile per seed. With N = 13.3M params (vocabulary 1,472; 6N = 8.0e7 FLOP
+a token):
+  SFT       200 steps x 16 rows x at most 128 tokens (padded) = 0.41M tokens: 3.3e13 FLOP, 0.2 s
+  RL update 150 x 448 x 128 tokens = 8.6M tokens x (1 + 1/3 reference forward, kl_beta > 0):
+            9.2e14 FLOP, 4.6 s
+  sampling  2N x 150 x 448 x 64 new tokens = 1.1e14 FLOP; 150 x 64 RL + 4 evaluations x 4
+            batches x 64 = 10.6k decode steps: 0.05-0.11 ms by bandwidth, so the 0.3 ms floor
+            binds: 3.2 s
+  compile   ~40 s
+That is ~48 s of the 156 s a seed; the rest is for host work (world, tokenizer, SEPR's MiniLM
+encodings and Hungarian matchings of 448 plans a step, evaluations, checkpoints), which only a
+GPU run measures.
 
 Differences from the paper, with the reason:
   - The planner prompt (section 2.2.2) is lost from the paper's text: ours is
@@ -67,7 +99,7 @@ def base_config() -> ml_collections.ConfigDict:
 
 def get_config(arg: str = ""):
   c = base_config()
-  if arg in ("", "default", "cpu"):
+  if arg in ("", "default", "cpu", "gpu"):
     c.data.world = config_base.world_config(**config_base.SMALL_WORLD)
     c.data.prompt_style = "compact"
     c.data.max_eval = 200
@@ -91,6 +123,8 @@ def get_config(arg: str = ""):
     c.checkpoint.every = 100
     c.checkpoint.keep = 4           # keeps step 200, the SFT end: the pipeline's "plan without RL"
     c.export_hf = False
+    if arg == "gpu":
+      _gpu(c)
   elif arg == "paper":
     config_base.use_hf_model(c)
     c.data.prompt_style = "paper"
@@ -114,5 +148,17 @@ def get_config(arg: str = ""):
     c.eval.every = 41               # once an epoch
     c.checkpoint.every = 41
   else:
-    raise ValueError(f"configs/apex_planner.py: unknown preset {arg!r}; expected '' or 'paper'")
+    raise ValueError(f"configs/apex_planner.py: unknown preset {arg!r}; expected '', 'gpu' or "
+                     "'paper'")
   return c
+
+
+def _gpu(c) -> None:
+  """':gpu' on top of the CPU default: the model, compute dtype, RL batch and lr that change
+  (the module docstring gives the budget arithmetic)."""
+  c.model.update(dict(hidden_size=512, num_heads=8, num_kv_heads=4, head_dim=64,
+                      intermediate_size=1536, num_layers=4, dtype="bfloat16",
+                      param_dtype="float32"))
+  c.rl.prompts_per_step = 56          # x 8 = 448 samples a step, 7x the CPU default's 64
+  c.sft.lr = 1.5e-3                   # 3e-3 / sqrt(4): a 4x wider model
+  c.rl.lr = 5e-5                      # 1e-4 / sqrt(4)

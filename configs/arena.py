@@ -9,6 +9,21 @@ Presets (`get_config(arg)`):
                   (compact prompt; 400 SFT steps on our gold structured replies with a 0.3-weight
                   LM loss on the references, `sft.prompt_loss`; then 60 GRPO steps); about ten
                   minutes on a 2-core CPU. Multi-seed results: docs/results/README.md.
+  'gpu'           the CPU default sized for one NVIDIA H100: three seeds in about 8 minutes
+                  (2.6 min a seed, compile included), an estimate until measured on a GPU (see
+                  "GPU budget" below). The same world, tokenizer, prompts, rewards and
+                  SFT-then-GRPO pipeline. Differences from the CPU default:
+                    - a 4x wider model: hidden 512, 8 heads x 64 (4 KV heads), intermediate
+                      1536, still 4 layers (13.6M params against 1.05M);
+                    - bf16 compute over float32 master params (model.dtype);
+                    - 7x the RL samples a step: 56 prompts x 8 = 448 (CPU 8 x 8), the same 60
+                      steps. The default's RL stage reaches steps x SNR 0.49 and the APEX
+                      planner's, which gains, 3.5 (docs/results/README.md, "Gradient noise");
+                      7x the batch is 7x the SNR, 3.4;
+                    - lr SFT 1.5e-3 (CPU 3e-3) and RL 5e-5 (CPU 1e-4): scaled by
+                      1/sqrt(width ratio 4), between the standard parametrisation (same lr: a
+                      4x wider model's function moves further per Adam step) and muP's 1/width;
+                      ours, to be tuned on a GPU.
   'paper'         the paper's protocol (Ren et al. 2025, sections 3-4 and appendices C-F):
                   Table 1 prompt; format + EM accuracy + relevance (1 / 0.5 / 0, ids read as a
                   JSON list) + bonus 10; GRPO with the k2 KL estimator; 7 generations at
@@ -30,6 +45,23 @@ Presets (`get_config(arg)`):
 Every `paper*` / `sft_*` preset needs --config.model.path (an HF checkpoint) and the datasets
 under --config.data.dir. The LLM-judge *metric* (not reward) of any preset is
 `python -m rlrag_jax.evaluate ... --config.eval.judge_url=...`, with the paper's Table 6 prompt.
+
+GPU budget (':gpu'; assumptions, to be checked on a GPU): training FLOPs ~ 6 x params x
+tokens, sampling ~ 2 x params x generated tokens; updates at 20% MFU of the H100's ~990 bf16
+TFLOP/s (198 TFLOP/s); a decode step bound by reading the weights (54.5 MB in float32) and the
+KV cache (4 KB a token) at ~2 TB/s, with a floor of 0.3 ms a step (a 4-layer step's kernel
+launches); ~40 s of compile per seed. With N = 13.6M params (6N = 8.2e7 FLOP a token):
+  SFT       400 steps x 16 rows x 224 tokens (padded) = 1.43M tokens: 1.2e14 FLOP, 0.6 s
+  RL update 60 x 448 x 256 tokens = 6.9M tokens x (1 + 1/3 reference forward, kl_beta > 0):
+            7.5e14 FLOP, 3.8 s
+  sampling  2N x 60 x 448 x 72 new tokens = 5.2e13 FLOP; 60 x 72 RL + 2 x 4 x 72 evaluation
+            = 4.9k decode steps: 0.13-0.25 ms by bandwidth (weights + up to 0.43 GB of KV
+            cache), so the 0.3 ms floor binds: 1.5 s
+  compile   ~40 s
+That is ~46 s of the 156 s a seed; the rest is for host work (world and tokenizer, reward
+parsing, evaluation, checkpoints and the HF export), which only a GPU run measures. By FLOPs
+alone a deeper model would fit; more layers are the first thing to add once that run shows
+the headroom.
 
 Differences from the paper (all presets), with the reason:
   - Learning-rate schedule: cosine decay after a 10% linear warmup (`rl.lr_schedule`,
@@ -87,7 +119,7 @@ def base_config() -> ml_collections.ConfigDict:
 
 def get_config(arg: str = ""):
   c = base_config()
-  if arg in ("", "default", "cpu"):
+  if arg in ("", "default", "cpu", "gpu"):
     # The search agent's smaller world (860 passages): a from-scratch model meets each name
     # often enough to learn to copy it. Seed 0, 400 SFT steps: warm-up EM 0.16 here, 0.06 on
     # the project-default world (1000 people); with sft.prompt_loss 0.24 (0.085 on the default).
@@ -110,6 +142,8 @@ def get_config(arg: str = ""):
     c.eval.max_new_tokens = 72
     c.eval.num_examples = 200
     c.checkpoint.every = 50
+    if arg == "gpu":
+      _gpu(c)
   elif arg in PAPER_PRESETS:
     _paper(c)
     if arg == "paper_no_bonus":
@@ -135,13 +169,24 @@ def get_config(arg: str = ""):
     c.sft.max_len = 4096
     c.sft.target = "direct" if arg == "sft_direct" else "teacher"
   else:
-    raise ValueError(f"configs/arena.py: unknown preset {arg!r}; expected '', "
+    raise ValueError(f"configs/arena.py: unknown preset {arg!r}; expected '', 'gpu', "
                      f"{', '.join(repr(p) for p in PAPER_PRESETS)}, 'sft_direct' or "
                      "'sft_reasoning'")
   return c
 
 
 PAPER_PRESETS = ("paper", "paper_no_bonus", "paper_f1", "paper_judge", "paper_naive", "paper_k3")
+
+
+def _gpu(c) -> None:
+  """':gpu' on top of the CPU default: the model, compute dtype, RL batch and lr that change
+  (the module docstring gives the budget arithmetic)."""
+  c.model.update(dict(hidden_size=512, num_heads=8, num_kv_heads=4, head_dim=64,
+                      intermediate_size=1536, num_layers=4, dtype="bfloat16",
+                      param_dtype="float32"))
+  c.rl.prompts_per_step = 56          # x 8 = 448 samples a step, 7x the CPU default's 64
+  c.sft.lr = 1.5e-3                   # 3e-3 / sqrt(4): a 4x wider model
+  c.rl.lr = 5e-5                      # 1e-4 / sqrt(4)
 
 
 def _paper(c) -> None:

@@ -24,9 +24,45 @@ Presets (`get_config(arg)`):
            and RL over forests that carry every retrieved document on
            (r2ag.forest.carry 'branch'); 20 min on 2 cores. Over 3 seeds its RL raises
            held-out Full-Recall and mAP (docs/results/README.md); the default's does not.
+  'gpu'    the CPU default sized for one NVIDIA H100: three seeds in about 8 minutes (2.6 min
+           a seed, compile included, plus the frozen generator trained once), an estimate
+           until measured on a GPU (see "GPU budget" below). The same world, generator (the
+           CPU default's, runs/r2ag_generator), rewards, evaluation and partial-SFT-then-DAPO
+           pipeline over gold-carrying forests. Differences from the CPU default:
+             - a 4x wider steering model: hidden 512, 8 heads x 64 (4 KV heads), intermediate
+               1536, still 4 layers (13.6M params against 1.05M);
+             - bf16 compute over float32 master params (model.dtype);
+             - 7x the RL samples a step: 56 expansions x 8 = 448 (CPU 8 x 8), the same 150
+               steps, and forests 7x larger to match (r2ag.forest.size 224, max_size 448), so
+               that a level still takes as many steps as on CPU and is not one batch topped up
+               with repeats. The default already reaches steps x SNR 4.1 (docs/results/
+               README.md, "Gradient noise") and does not gain: this tests whether 7x more does;
+             - lr SFT 1.5e-3 (CPU 3e-3) and RL 5e-5 (CPU 1e-4): scaled by 1/sqrt(width ratio
+               4), between the standard parametrisation (same lr: a 4x wider model's function
+               moves further per Adam step) and muP's 1/width; ours, to be tuned on a GPU.
   'paper'  appendix B.2: group 12, prompt batch 128, lr 1e-6, clip 0.2 / 0.28, no KL, 4,096
            output tokens, 5 iterations, k = 1, t = 4 base / 2 predicted, no SFT warm-up, no
            refill of dropped groups; the real data (500 HotpotQA + 3,000 2Wiki + 1,174 MuSiQue).
+
+GPU budget (':gpu'; assumptions, to be checked on a GPU): training FLOPs ~ 6 x params x
+tokens, sampling ~ 2 x params x generated tokens; updates at 20% MFU of the H100's ~990 bf16
+TFLOP/s (198 TFLOP/s); a decode step bound by reading the weights (54.5 MB in float32) and the
+KV cache (4 KB a token) at ~2 TB/s, with a floor of 0.3 ms a step (a 4-layer step's kernel
+launches); ~40 s of compile per seed. With N = 13.6M params (6N = 8.2e7 FLOP a token):
+  SFT       600 steps x 32 rows x at most 256 tokens (padded) = 4.9M tokens: 4.0e14 FLOP, 2.0 s
+  RL update 150 x 448 x 256 tokens (prompt, carried gold documents, 80 new) = 17.2M tokens, no
+            reference forward (kl_beta 0): 1.4e15 FLOP, 7.1 s
+  sampling  2N x 150 x 448 x 80 new tokens = 1.5e14 FLOP; 150 x 80 = 12k RL decode steps (up
+            to 36k with refills), and ~12k for the two evaluations (4 chunks of 64 questions x
+            3 tree variants x ~3 rounds x ~2 sub-batches x 80; up to 77k at the bounds of 5
+            rounds and 8 branches): 24k-48k decode steps at the 0.3 ms floor (bandwidth:
+            0.05-0.26 ms): 7-15 s
+  compile   ~40 s
+  once      the frozen generator on first use: 600 SFT steps of the 1.05M-param CPU model
+            (float32), launch-bound: ~30-40 s, shared by the three seeds
+That is ~56-64 s of the 156 s a seed; the rest is for host work (world, tokenizer, the forest,
+retrieval of up to 6 queries per output with MiniLM, rewards, the evaluation's trees and
+generator answers), which only a GPU run measures.
 
 Differences from the paper, with the reason:
   - The SFT warm-up is ours (the paper RL-trains Qwen3-8B directly): a from-scratch CPU model
@@ -103,7 +139,7 @@ def base_config() -> ml_collections.ConfigDict:
 
 def get_config(arg: str = ""):
   c = base_config()
-  if arg in ("", "default", "cpu", "long_warmup"):
+  if arg in ("", "default", "cpu", "long_warmup", "gpu"):
     c.data.world = config_base.world_config(**config_base.SMALL_WORLD)
     c.data.prompt_style = "compact"
     c.r2ag.refill = True
@@ -132,6 +168,8 @@ def get_config(arg: str = ""):
       # hold them. 20 min on 2 cores, past the default's 15-minute budget.
       c.sft.steps = 1200
       c.r2ag.forest.carry = "branch"
+    if arg == "gpu":
+      _gpu(c)
   elif arg == "paper":
     config_base.use_hf_model(c)
     c.models.generator = ml_collections.ConfigDict(dict(path=""))
@@ -157,6 +195,19 @@ def get_config(arg: str = ""):
     c.eval.num_examples = 1000
     c.checkpoint.every = 10
   else:
-    raise ValueError(f"configs/r2ag.py: unknown preset {arg!r}; expected '', 'long_warmup' or "
-                     f"'paper'")
+    raise ValueError(f"configs/r2ag.py: unknown preset {arg!r}; expected '', 'long_warmup', "
+                     f"'gpu' or 'paper'")
   return c
+
+
+def _gpu(c) -> None:
+  """':gpu' on top of the CPU default: the model, compute dtype, RL batch, forest and lr that
+  change (the module docstring gives the budget arithmetic)."""
+  c.model.update(dict(hidden_size=512, num_heads=8, num_kv_heads=4, head_dim=64,
+                      intermediate_size=1536, num_layers=4, dtype="bfloat16",
+                      param_dtype="float32"))
+  c.rl.prompts_per_step = 56          # x 8 = 448 samples a step, 7x the CPU default's 64
+  c.r2ag.forest.size = 32 * 7         # 4 root steps a forest, as on CPU (32 / 8)
+  c.r2ag.forest.max_size = 64 * 7
+  c.sft.lr = 1.5e-3                   # 3e-3 / sqrt(4): a 4x wider model
+  c.rl.lr = 5e-5                      # 1e-4 / sqrt(4)

@@ -13,6 +13,20 @@ Presets (`get_config(arg)`):
           `eval.every` RL steps (the accuracy-vs-RC curve) and, at the end, the agent against the
           no-retrieval and naive-RAG pipelines. Sized for a 2-core CPU (one document per
           search).
+  'gpu'   the CPU default sized for one NVIDIA H100: three seeds in about 8 minutes (2.6 min a
+          seed, compile included), an estimate until measured on a GPU (see "GPU budget"
+          below). The same world, retriever, rewards, stage switch (RL step 11), evaluations
+          and SFT-then-DAPO pipeline. Differences from the CPU default:
+            - a 4x wider model: hidden 512, 8 heads x 64 (4 KV heads), intermediate 1536,
+              still 4 layers (13.6M params against 1.05M);
+            - bf16 compute over float32 master params (model.dtype);
+            - 7x the RL samples a step: 56 prompts x 8 = 448 (CPU 8 x 8), the same 40 steps.
+              Stage 1 reaches steps x SNR 0.16 at the default, and the APEX planner's RL,
+              which gains, 3.5 (docs/results/README.md, "Gradient noise"); 7x the batch is
+              7x the SNR, 1.1: better, still short of the 22x that would match it;
+            - lr SFT 1.5e-3 (CPU 3e-3) and RL 5e-5 (CPU 1e-4): scaled by 1/sqrt(width ratio
+              4), between the standard parametrisation (same lr: a 4x wider model's function
+              moves further per Adam step) and muP's 1/width; ours, to be tuned on a GPU.
   'paper' the paper's protocol (appendix B, Table 5): Qwen3-4B/8B (set model.path; Qwen2.5
           and Qwen3 checkpoints load), 32 rollouts per prompt, 32 prompts per step, 500 steps,
           at most 5 searches, temperature 1.0, top-p 1.0, lr 1e-6 constant (no warmup, no
@@ -28,6 +42,23 @@ Presets (`get_config(arg)`):
   'paper_no_ra'      without the answer reward r_a.
   'paper_unified'    the unified single-stage answer reward (correct 1 - beta RC, wrong
                      -1 + beta RC) of the paper's Table 2 comparison.
+
+GPU budget (':gpu'; assumptions, to be checked on a GPU): training FLOPs ~ 6 x params x
+tokens, sampling ~ 2 x params x generated tokens; updates at 20% MFU of the H100's ~990 bf16
+TFLOP/s (198 TFLOP/s); a decode step bound by reading the weights (54.5 MB in float32) and the
+KV cache (4 KB a token) at ~2 TB/s, with a floor of 0.3 ms a step (a 4-layer step's kernel
+launches); ~40 s of compile per seed. With N = 13.6M params (6N = 8.2e7 FLOP a token):
+  SFT       600 steps x 16 rows x 256 tokens (padded) = 2.46M tokens: 2.0e14 FLOP, 1.0 s
+  RL update 40 x 448 episodes x at most 384 tokens (tool.max_total_len) = 6.9M tokens, no
+            reference forward (kl_beta 0): 5.6e14 FLOP, 2.8 s
+  sampling  at most 5 turns x 40 new tokens a step: 2N x 40 x 448 x 200 = 9.8e13 FLOP (up to
+            3x with dynamic sampling's redraws); 40 x 200 RL decode steps (up to 24k with
+            redraws) + 5 evaluations x 200 = 13k-29k decode steps at ~0.3 ms (bandwidth:
+            0.03-0.37 ms as the KV cache grows to 0.7 GB): 4-9 s
+  compile   ~40 s (the tool loop's context buckets make it more than the other methods')
+That is ~48-53 s of the 156 s a seed; the rest is for host work (world, tokenizer, the
+retrieval index and MiniLM query encodings, the tool loop's parsing and observations,
+evaluations and baselines), which only a GPU run measures.
 
 Differences from the paper ('paper' and its ablations), with the reason:
   - Learning-rate schedule: constant. The paper names no schedule; its training framework's
@@ -124,7 +155,7 @@ def base_config() -> ml_collections.ConfigDict:
 
 def get_config(arg: str = ""):
   c = base_config()
-  if arg in ("", "default", "cpu"):
+  if arg in ("", "default", "cpu", "gpu"):
     # A smaller world than the project default (860 passages, 1920 / 240 / 240 questions): the
     # tiny model meets every name often enough to learn to copy names into queries and answers
     # within the CPU budget (on the full world 300 SFT steps left it below 5% EM).
@@ -169,6 +200,8 @@ def get_config(arg: str = ""):
     c.eval.batch_size = 240
     c.checkpoint.every = 1000           # the final checkpoint only (the report reloads it)
     c.export_hf = False
+    if arg == "gpu":
+      _gpu(c)
   elif arg in PAPER_PRESETS:
     _paper(c)
     if arg == "paper_no_stage1":
@@ -182,13 +215,24 @@ def get_config(arg: str = ""):
     elif arg == "paper_unified":
       c.reward.answer_form = "unified"
   else:
-    raise ValueError(f"configs/search.py: unknown preset {arg!r}; expected '' or one of "
-                     f"{PAPER_PRESETS}")
+    raise ValueError(f"configs/search.py: unknown preset {arg!r}; expected '', 'gpu' or one "
+                     f"of {PAPER_PRESETS}")
   return c
 
 
 PAPER_PRESETS = ("paper", "paper_no_stage1", "paper_no_stage2", "paper_no_rs", "paper_no_ra",
                  "paper_unified")
+
+
+def _gpu(c) -> None:
+  """':gpu' on top of the CPU default: the model, compute dtype, RL batch and lr that change
+  (the module docstring gives the budget arithmetic)."""
+  c.model.update(dict(hidden_size=512, num_heads=8, num_kv_heads=4, head_dim=64,
+                      intermediate_size=1536, num_layers=4, dtype="bfloat16",
+                      param_dtype="float32"))
+  c.rl.prompts_per_step = 56          # x 8 = 448 samples a step, 7x the CPU default's 64
+  c.sft.lr = 1.5e-3                   # 3e-3 / sqrt(4): a 4x wider model
+  c.rl.lr = 5e-5                      # 1e-4 / sqrt(4)
 
 
 def _paper(c) -> None:

@@ -22,11 +22,57 @@ alone, naive RAG, SPARKLE after SFT and after PPO.
 Presets (`get_config(arg)`):
   ''       small models from scratch on the embedded world's 2-hop questions: a partial SFT
            warm-up on oracle trajectories, then tree-rollout PPO.
+  'gpu'    the CPU default sized for one NVIDIA H100: three seeds in about 8 minutes (2.6 min
+           a seed, compile included, plus the frozen reader trained once), an estimate until
+           measured on a GPU (see "GPU budget" below). The same world, reader (the CPU
+           default's, runs/sparkle_reader), agents, reward, tree rollouts and SFT-then-PPO
+           pipeline. Differences from the CPU default:
+             - a 4x wider proxy (and critic): hidden 512, 8 heads x 64 (4 KV heads),
+               intermediate 1536, still 4 layers (13.6M params against 1.05M);
+             - the proxy starts from scratch (its own tokenizer), not from the reader's
+               weights: a 512-wide model cannot take the 128-wide reader's, and a run
+               directory's weights load with float32 compute whatever model.dtype says
+               (training/steps.py, build_model), so a wider reader to start from would lose
+               bf16 too. On CPU, from scratch cost SFT-only F1 (seed 0: 0.132 against 0.188);
+               the 250 SFT steps with sft.prompt_loss 0.3 are its only pretraining here;
+             - bf16 compute over float32 master params (model.dtype);
+             - 7x the RL samples a step: 28 question trees (CPU 4), ~1,340 decisions, the
+               same 12 steps. steps x SNR is 0.10 at the default and 3.5 for the APEX
+               planner's RL, which gains (docs/results/README.md, "Gradient noise"); 7x the
+               batch is 0.7, still short of the 35x that would match it;
+             - lr SFT 1.5e-3 (CPU 3e-3), RL 5e-5 (CPU 1e-4) and critic 2.5e-4 (CPU 5e-4):
+               scaled by 1/sqrt(width ratio 4), between the standard parametrisation (same
+               lr: a 4x wider model's function moves further per Adam step) and muP's
+               1/width; ours, to be tuned on a GPU.
   'paper'  Tables 5-6 and the authors' training script: Qwen2.5-3B proxy, a 7B reader, SFT lr
            5e-6, batch 64, 1 epoch; PPO policy lr 5e-7, value lr 5e-6, KL 0.002, batch 1024
            decisions, 64 questions per rollout, cosine schedule, max length 2048, tree depth 4;
            3,000 each of HotpotQA, 2Wiki and NQ train (NQ is not among the shared samples: the
            preset mixes HotpotQA and 2Wiki).
+
+GPU budget (':gpu'; assumptions, to be checked on a GPU): training FLOPs ~ 6 x params x
+tokens, sampling ~ 2 x params x generated tokens; updates at 20% MFU of the H100's ~990 bf16
+TFLOP/s (198 TFLOP/s); a decode step bound by reading the weights (54.5 MB in float32) and the
+KV cache (4 KB a token) at ~2 TB/s, with a floor of 0.3 ms a step (a 4-layer step's kernel
+launches); ~40 s of compile per seed. With N = 13.6M params (6N = 8.2e7 FLOP a token):
+  SFT       250 steps x 32 rows x ~256 tokens (length-grouped, padded) = 2.05M tokens:
+            1.7e14 FLOP, 0.9 s
+  RL update 12 steps x ~1,340 decisions (~48 a tree, session 27's count at 4 trees) x 576
+            positions (the batch's longest prompt + completion) = 9.3M positions (up to 13M
+            with the padding to a geometric count of episodes), each costing policy update
+            6N + critic update 6N + value forward 2N + reference forward 2N (kl_beta > 0) =
+            16N: 2.0e15-2.9e15 FLOP, 10-14 s
+  sampling  a few hundred thousand generated tokens (1e13 FLOP); per RL step at most 8
+            reasoning steps x (6 + 72 + 24 proxy + 40 reader tokens) = 1.1k decode steps,
+            13.6k over 12 steps, and ~6k for the evaluations (SPARKLE after SFT and after
+            PPO, reader alone, naive RAG; chunks of 64 of 100 questions): ~20k decode steps
+            at the 0.3 ms floor (bandwidth: 0.03-0.3 ms): 6 s
+  compile   ~40 s
+  once      the frozen reader on first use: 850 SFT steps of the 1.05M-param CPU model
+            (float32), launch-bound: ~40-60 s, shared by the three seeds
+That is ~57-61 s of the 156 s a seed; the rest is for host work (world, tokenizer, triples and
+retrieval with MiniLM, the tree's bookkeeping, the reader's turns, evaluations), which only a
+GPU run measures.
 
 Differences from the paper, with the reason:
   - The SFT data on the world is the oracle's trajectories (prompts.py). On real data,
@@ -101,7 +147,7 @@ def base_config() -> ml_collections.ConfigDict:
 
 def get_config(arg: str = ""):
   c = base_config()
-  if arg in ("", "default", "cpu"):
+  if arg in ("", "default", "cpu", "gpu"):
     c.data.world = config_base.world_config(**config_base.SMALL_WORLD, hop_mix=(1.0, 0.0, 0.0))
     c.data.prompt_style = "compact"
     # The proxy starts from the reader's weights (a small LM of the world's text: the stand-in
@@ -133,6 +179,8 @@ def get_config(arg: str = ""):
     c.eval.max_new_tokens = 72
     c.checkpoint.every = 10
     c.export_hf = False
+    if arg == "gpu":
+      _gpu(c)
   elif arg == "paper":
     config_base.use_hf_model(c)
     c.models.reader = ml_collections.ConfigDict(dict(path=""))
@@ -157,5 +205,21 @@ def get_config(arg: str = ""):
     c.eval.num_examples = 1000
     c.checkpoint.every = 10
   else:
-    raise ValueError(f"configs/sparkle.py: unknown preset {arg!r}; expected '' or 'paper'")
+    raise ValueError(f"configs/sparkle.py: unknown preset {arg!r}; expected '', 'gpu' or "
+                     "'paper'")
   return c
+
+
+def _gpu(c) -> None:
+  """':gpu' on top of the CPU default: the proxy's start, shape and compute dtype, the RL batch
+  and the lrs that change (the module docstring gives the budget arithmetic)."""
+  # From scratch: model.path / model.train_config stay references to the reader's keys (setting
+  # them would move models.reader.path too); init 'scratch' does not read them.
+  c.model.init = "scratch"
+  c.model.update(dict(hidden_size=512, num_heads=8, num_kv_heads=4, head_dim=64,
+                      intermediate_size=1536, num_layers=4, dtype="bfloat16",
+                      param_dtype="float32"))
+  c.rl.prompts_per_step = 28          # question trees a step, 7x the CPU default's 4
+  c.sft.lr = 1.5e-3                   # 3e-3 / sqrt(4): a 4x wider model
+  c.rl.lr = 5e-5                      # 1e-4 / sqrt(4)
+  c.rl.ppo.vf_lr = 2.5e-4             # 5e-4 / sqrt(4)
