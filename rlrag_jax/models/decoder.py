@@ -23,6 +23,8 @@ lengths share one write position and attend causally in slot order.
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 from typing import Optional
 
@@ -35,7 +37,32 @@ from rlrag_jax.models.config import ModelConfig
 
 Array = jax.Array
 _part = nn.with_logical_partitioning
-_constrain = nn.with_logical_constraint
+_ACTIVATION_SHARDING = contextvars.ContextVar("activation_sharding", default=None)
+
+
+@contextlib.contextmanager
+def activation_sharding(spec_fn):
+  """While a step is traced inside this context, the decoder's activations carry sharding
+  constraints: `spec_fn(logical_names, shape)` returns their Sharding (None: left to XLA).
+
+  Without them XLA's propagation decided alone, and for FSDP it chose to keep each weight sharded
+  over its 'embed' dimension and all-reduce the matmul outputs, which leaves them replicated: a
+  7B update over 8 devices kept every device's activations for the whole batch.
+  `models.sharding.activation_constraints(mesh, rules)` gives the rule-table version.
+  """
+  token = _ACTIVATION_SHARDING.set(spec_fn)
+  try:
+    yield
+  finally:
+    _ACTIVATION_SHARDING.reset(token)
+
+
+def _constrain(x, names):
+  spec_fn = _ACTIVATION_SHARDING.get()
+  if spec_fn is None:
+    return x
+  sharding = spec_fn(tuple(names), x.shape)
+  return x if sharding is None else jax.lax.with_sharding_constraint(x, sharding)
 
 
 # ------------------------------------------------------------------------------------ RoPE

@@ -12,6 +12,7 @@ are an error, so a typo in a module cannot silently replicate a large weight.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Any, Optional, Sequence
 
@@ -20,7 +21,7 @@ import numpy as np
 import optax
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
-from rlrag_jax.models.decoder import init_params, logical_axes
+from rlrag_jax.models.decoder import activation_sharding, init_params, logical_axes
 
 MESH_AXES = ("data", "fsdp", "tensor")
 BATCH_AXES = ("data", "fsdp")
@@ -133,6 +134,15 @@ def logical_to_mesh_spec(names: Sequence[Optional[str]], shape: Optional[Sequenc
     else:
       out.append(None)
   return P(*out)
+
+
+def activation_constraints(mesh: Mesh, rules=RULES):
+  """A context under which traced decoder activations are constrained by the rule table
+  (`decoder.activation_sharding`); nothing on a one-device mesh."""
+  if mesh.devices.size == 1:
+    return contextlib.nullcontext()
+  return activation_sharding(
+      lambda names, shape: NamedSharding(mesh, logical_to_mesh_spec(names, shape, mesh, rules)))
 
 
 def _is_spec(x) -> bool:
