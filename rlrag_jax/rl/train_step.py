@@ -29,10 +29,11 @@ Design choices:
   * Multi-host: numpy batches are refused by jit there; pass each process's rows through
     `models.sharding.shard_batch` and keep `make_logprob_fn` outputs as the global arrays they
     are (np.asarray on them fails when they span processes).
-  * The decoder's logical activation constraints stay inactive (no global mesh is set while
-    tracing): under one, flax's DenseGeneral re-checks its kernel by unboxing the flat
-    [E, H*D] init with 3-D logical names and fails. Shardings come from the params, the batch,
-    a constraint on each micro-batch and on the logits, and XLA's propagation.
+  * On a multi-device mesh the steps are traced under `models.sharding.activation_constraints`:
+    the decoder's activations (batch over data x fsdp, heads / MLP over tensor) are constrained
+    by the rule table (no global mesh is set), and `compute_params` casts weight matrices to
+    the compute dtype where they are stored, so FSDP all-gathers bf16. On one device neither
+    changes the program.
 """
 from __future__ import annotations
 
