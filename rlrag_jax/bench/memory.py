@@ -1,0 +1,523 @@
+"""Memory and bandwidth of the real update, prefill and decode step, read from XLA before any
+hardware is owned: ahead-of-time compiles on abstract shapes (nothing allocated, no weights).
+
+  python -m rlrag_jax.bench.memory --shape qwen2.5-0.5b --sequences 64 --tokens 512
+  python -m rlrag_jax.bench.memory --shape qwen2.5-7b --sequences 64 --tokens 4096 \\
+      --micro-batches 2 --devices 8          # FSDP over 8 host devices
+  python -m rlrag_jax.bench.memory --shape qwen2.5-0.5b --sequences 64 --tokens 512 \\
+      --parts update --tokens-per-micro-batch 8192     # token-budget micro-batches
+  python -m rlrag_jax.bench.memory --shape path/to/config.json ... [--json]
+  python -m rlrag_jax.bench.memory --targets  # the issue-31 targets, PASS / FAIL each
+
+Each compiled function is reported with XLA's memory analysis (arguments, outputs, temporaries:
+per device) and cost analysis (flops, bytes accessed: per device), beside an ideal:
+
+  update   the RL policy update of `rl.train_step.make_policy_step` (GRPO with a reference
+           log-prob input; `--algo ppo` adds the critic's value update, `update_critic`), as the
+           trainer builds it: bf16 compute over float32 master params, AdamW, rematerialised
+           blocks and key-blocked attention (`config_base.use_hf_model`), logits in chunks of
+           `--logits-chunk` elements (`rl.logits_chunk`), `--micro-batches` accumulated in the
+           step. Ideal: its arguments (params, AdamW moments, the batch) + one float32 gradient
+           + the residual stream the rematerialised backward pass keeps (layers x micro-batch
+           tokens x hidden, compute dtype).
+           With `--tokens-per-micro-batch N` (`rl.tokens_per_micro_batch`) the update is the
+           token-budget form (`UpdateStep.accumulated`): 'update' is then its `accumulate`
+           step on the largest micro-batch the budget allows at `--tokens` width (the most
+           rows, a multiple of the shards, with rows x tokens <= N; column mb: how many such
+           micro-batches the sequences make), whose arguments are params + the float32
+           gradient accumulator + the micro-batch (the optimizer state stays resident beside
+           them), and 'update_apply' the optimizer step that follows (arguments: the state and
+           the gradient). Ideal of 'update': its arguments + one float32 gradient + the
+           micro-batch's residual stream; of 'update_apply': its arguments.
+  logprob  the reference / old-policy log-prob forward (`make_logprob_fn`; with a token budget
+           on the micro-batch). Ideal: arguments.
+  prefill  the sampler's prompt prefill into a KV cache (`sampling.sampler.prefill`), the
+           prompt half of `--tokens`. Ideal: arguments (params and cache) + the new KV.
+  decode   one decode step of the sampler's loop (`sampling.fast_decode.decode_step` over the
+           packed compute-dtype weights), `--decode-batch` rows over `--cached` cached tokens,
+           the cache donated. Ideal bytes accessed: the packed weights + the whole KV cache read
+           once + the new KV slot written + the logits.
+
+`--devices D` (> 1) runs on D host devices (`--xla_force_host_platform_device_count`) with the
+presets' FSDP mesh (data=1, fsdp=D): the per-device figures of an 8-way sharded 7B, from a
+laptop (as MaxText's `train_compile` checks a training configuration it cannot run).
+`--json` prints one JSON object a line per compiled function (keys `name`, `argument_bytes`,
+`output_bytes`, `temp_bytes`, `flops`, `bytes_accessed`, `ideal_bytes` and the settings).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import pathlib
+import sys
+import time
+from typing import Optional
+
+# Published config.json fields of the models the paper presets train (no download needed).
+SHAPES = {
+    "qwen2.5-0.5b": dict(model_type="qwen2", vocab_size=151936, hidden_size=896,
+                         intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                         num_key_value_heads=2, tie_word_embeddings=True, rope_theta=1e6,
+                         max_position_embeddings=32768, rms_norm_eps=1e-6),
+    "qwen2.5-7b": dict(model_type="qwen2", vocab_size=152064, hidden_size=3584,
+                       intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+                       num_key_value_heads=4, tie_word_embeddings=False, rope_theta=1e6,
+                       max_position_embeddings=32768, rms_norm_eps=1e-6),
+    "qwen3-8b": dict(model_type="qwen3", vocab_size=151936, hidden_size=4096,
+                     intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
+                     num_key_value_heads=8, head_dim=128, tie_word_embeddings=False,
+                     rope_theta=1e6, max_position_embeddings=40960, rms_norm_eps=1e-6),
+}
+GIB = 2 ** 30
+FIELDS = ("argument_bytes", "output_bytes", "temp_bytes", "flops", "bytes_accessed",
+          "ideal_bytes")
+
+
+class ShapeError(ValueError):
+  """A --shape that names no known shape, or a config.json that is not a decoder LM."""
+
+
+def model_config(shape: str, *, vocab: Optional[int] = None, dtype: str = "bfloat16",
+                 param_dtype: str = "float32", remat: bool = True, attention_block: int = 512):
+  """A `ModelConfig` from a SHAPES name or an HF config.json path, with the accelerator
+  presets' numerics (`config_base.use_hf_model`); `vocab` replaces the vocabulary size."""
+  from rlrag_jax.models.config import ModelConfig
+  if shape in SHAPES:
+    d, source = dict(SHAPES[shape]), f"--shape {shape}"
+  else:
+    path = pathlib.Path(shape)
+    if path.is_dir():
+      path = path / "config.json"
+    if path.suffix != ".json" or not path.is_file():
+      raise ShapeError(f"--shape {shape!r}: not one of {sorted(SHAPES)} and no config.json "
+                       "at that path")
+    try:
+      d = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+      raise ShapeError(f"{path}:{e.lineno}: not valid JSON ({e.msg})") from None
+    if not isinstance(d, dict):
+      raise ShapeError(f"{path}: a JSON object expected, found {type(d).__name__}")
+    source = str(path)
+  try:
+    cfg = ModelConfig.from_hf_dict(d, source=source)
+  except (ValueError, TypeError, KeyError) as e:
+    raise ShapeError(f"{e} (a decoder LM's config.json is needed)") from None
+  over = dict(dtype=dtype, param_dtype=param_dtype, remat=remat, attention_block=attention_block)
+  if vocab:
+    over["vocab_size"] = int(vocab)
+  return cfg.replace(**over)
+
+
+def _bytes(tree) -> int:
+  import jax
+  import numpy as np
+  return int(sum(int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize
+                 for x in jax.tree_util.tree_leaves(tree)))
+
+
+def _row(name: str, compiled, ideal: float, devices: int, **settings) -> dict:
+  mem = compiled.memory_analysis()
+  cost = compiled.cost_analysis()
+  if isinstance(cost, (list, tuple)):         # older jax: one dict per computation
+    cost = cost[0] if cost else {}
+  cost = cost or {}
+  return dict(name=name, argument_bytes=int(mem.argument_size_in_bytes),
+              output_bytes=int(mem.output_size_in_bytes),
+              alias_bytes=int(mem.alias_size_in_bytes), temp_bytes=int(mem.temp_size_in_bytes),
+              flops=float(cost.get("flops", 0.0)),
+              bytes_accessed=float(cost.get("bytes accessed", 0.0)),
+              ideal_bytes=float(ideal), devices=devices, **settings)
+
+
+def _abstract(tree, sharding):
+  import jax
+  return jax.tree_util.tree_map(
+      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), tree)
+
+
+def _timed_compile(lowerable, *args):
+  t = time.perf_counter()
+  compiled = lowerable.lower(*args).compile()
+  return compiled, time.perf_counter() - t
+
+
+def budget_micro_batch(sequences: int, tokens: int, budget: int, shards: int) -> tuple:
+  """(rows of the largest micro-batch, micro-batch count) the planner
+  (`rollout.batch.plan_micro_batches`) makes of `sequences` rows of `tokens` under `budget`."""
+  from rlrag_jax.rollout.batch import plan_micro_batches
+  plan = plan_micro_batches([0] * sequences, [tokens] * sequences, budget, bucket=tokens,
+                            shards=shards)
+  return max(m.size for m in plan), len(plan)
+
+
+def compile_update(cfg, mesh, sequences: int, tokens: int, *, micro_batches: int = 1,
+                   logits_chunk: Optional[int] = None, algo: str = "grpo",
+                   logits_start: int = 0, tokens_per_micro_batch: int = 0) -> list:
+  """Rows 'update' (+ 'update_critic' for PPO) and 'logprob' of the trainer's jitted steps;
+  with `tokens_per_micro_batch`, the token-budget form (+ 'update_apply')."""
+  if tokens_per_micro_batch:
+    return _compile_budget_update(cfg, mesh, sequences, tokens, budget=tokens_per_micro_batch,
+                                  logits_chunk=logits_chunk, algo=algo,
+                                  logits_start=logits_start)
+  import jax
+  import jax.numpy as jnp
+  from rlrag_jax.models import sharding as shd
+  from rlrag_jax.models.decoder import DecoderLM, ValueLM
+  from rlrag_jax.rl import train_step as ts
+  from rlrag_jax.rl.logprobs import DEFAULT_LOGITS_CHUNK
+  chunk = DEFAULT_LOGITS_CHUNK if logits_chunk is None else int(logits_chunk)
+  module = DecoderLM(cfg)
+  opt = ts.make_optimizer(ts.OptimizerConfig(lr=1e-6, total_steps=100))
+  state = ts.abstract_train_state(module, opt, mesh)
+  bsh = shd.batch_sharding(mesh)
+  i32, f32 = jnp.int32, jnp.float32
+  batch = {"input_ids": jax.ShapeDtypeStruct((sequences, tokens), i32),
+           "attention_mask": jax.ShapeDtypeStruct((sequences, tokens), i32),
+           "loss_mask": jax.ShapeDtypeStruct((sequences, tokens), i32),
+           "advantages": jax.ShapeDtypeStruct((sequences,), f32)}
+  if algo == "ppo":
+    batch["advantages"] = jax.ShapeDtypeStruct((sequences, tokens), f32)
+    batch["old_logp"] = jax.ShapeDtypeStruct((sequences, tokens), f32)
+  batch["ref_logp"] = jax.ShapeDtypeStruct((sequences, tokens), f32)
+  batch = _abstract(batch, bsh)
+  loss = ts.LossConfig.preset("grpo")
+  devices = mesh.devices.size
+  settings = dict(sequences=sequences, tokens=tokens, micro_batches=micro_batches,
+                  logits_chunk=chunk, vocab=cfg.vocab_size, logits_start=logits_start)
+  step = ts.make_policy_step(module, opt, mesh, loss, micro_batches=micro_batches,
+                             logits_chunk=chunk)
+  compiled, secs = _timed_compile(step, state, batch, logits_start)
+  params_f32 = sum(int(x.size) for x in jax.tree_util.tree_leaves(state.params)) * 4
+  mb_tokens = sequences // micro_batches * tokens
+  residual = cfg.num_layers * mb_tokens * cfg.hidden_size * jnp.dtype(cfg.compute_dtype).itemsize
+  ideal = (_bytes(state) + _bytes(batch) + params_f32 + residual) / devices
+  rows = [_row("update", compiled, ideal, devices, compile_s=secs, **settings)]
+  if algo == "ppo":
+    vmod = ValueLM(cfg)
+    vopt = ts.make_optimizer(ts.OptimizerConfig(lr=1e-6, total_steps=100))
+    vstate = ts.abstract_train_state(vmod, vopt, mesh)
+    vbatch = {k: batch[k] for k in ("input_ids", "attention_mask", "loss_mask")}
+    vbatch["returns"] = batch["ref_logp"]
+    vbatch["old_values"] = batch["ref_logp"]
+    vstep = ts.make_value_step(vmod, vopt, mesh, micro_batches=micro_batches)
+    compiled, secs = _timed_compile(vstep, vstate, vbatch, 0)
+    ideal = (_bytes(vstate) + _bytes(vbatch) + params_f32 + residual) / devices
+    rows.append(_row("update_critic", compiled, ideal, devices, compile_s=secs, **settings))
+  fwd = ts.make_logprob_fn(module, mesh, micro_batches=micro_batches, logits_chunk=chunk)
+  fbatch = {k: batch[k] for k in ("input_ids", "attention_mask")}
+  compiled, secs = _timed_compile(fwd, state.params, fbatch, logits_start)
+  ideal = (_bytes(state.params) + _bytes(fbatch)) / devices
+  rows.append(_row("logprob", compiled, ideal, devices, compile_s=secs, **settings))
+  return rows
+
+
+def _compile_budget_update(cfg, mesh, sequences: int, tokens: int, *, budget: int,
+                           logits_chunk: Optional[int], algo: str, logits_start: int) -> list:
+  """`compile_update` for token-budget micro-batches: the accumulate step (per micro-batch),
+  the apply step (once per update), the critic's accumulate for PPO, the log-prob forward."""
+  import jax
+  import jax.numpy as jnp
+  from rlrag_jax.models import sharding as shd
+  from rlrag_jax.models.decoder import DecoderLM, ValueLM
+  from rlrag_jax.rl import train_step as ts
+  from rlrag_jax.rl.logprobs import DEFAULT_LOGITS_CHUNK
+  chunk = DEFAULT_LOGITS_CHUNK if logits_chunk is None else int(logits_chunk)
+  rows, count = budget_micro_batch(sequences, tokens, budget,
+                                   mesh.shape["data"] * mesh.shape["fsdp"])
+  module = DecoderLM(cfg)
+  opt = ts.make_optimizer(ts.OptimizerConfig(lr=1e-6, total_steps=100))
+  state = ts.abstract_train_state(module, opt, mesh)
+  bsh, rep = shd.batch_sharding(mesh), shd.replicated(mesh)
+  i32, f32 = jnp.int32, jnp.float32
+  mb = {"input_ids": jax.ShapeDtypeStruct((rows, tokens), i32),
+        "attention_mask": jax.ShapeDtypeStruct((rows, tokens), i32),
+        "loss_mask": jax.ShapeDtypeStruct((rows, tokens), i32),
+        "advantages": jax.ShapeDtypeStruct((rows,), f32)}
+  if algo == "ppo":
+    mb["advantages"] = jax.ShapeDtypeStruct((rows, tokens), f32)
+    mb["old_logp"] = jax.ShapeDtypeStruct((rows, tokens), f32)
+  mb["ref_logp"] = jax.ShapeDtypeStruct((rows, tokens), f32)
+  mb = _abstract(mb, bsh)
+  norms = _abstract({"den": jax.ShapeDtypeStruct((), f32),
+                     "tokens": jax.ShapeDtypeStruct((), f32)}, rep)
+  scalar = jax.ShapeDtypeStruct((), f32, sharding=rep)
+  devices = mesh.devices.size
+  settings = dict(sequences=sequences, tokens=tokens, micro_batches=count, logits_chunk=chunk,
+                  vocab=cfg.vocab_size, logits_start=logits_start,
+                  tokens_per_micro_batch=budget, micro_rows=rows)
+  params_f32 = sum(int(x.size) for x in jax.tree_util.tree_leaves(state.params)) * 4
+  residual = cfg.num_layers * rows * tokens * cfg.hidden_size * \
+      jnp.dtype(cfg.compute_dtype).itemsize
+
+  def accumulate_row(name, step, st, batch, start):
+    grads = jax.tree_util.tree_map(
+        lambda p: jax.ShapeDtypeStruct(p.shape, f32, sharding=p.sharding), st.params)
+    sums = _abstract(step.abstract_sums(st.params, batch, start), rep)
+    args = (st.params, grads, sums, scalar, batch, norms)
+    compiled, secs = _timed_compile(step.accumulate, *args, start)
+    ideal = (_bytes(args) + params_f32 + residual) / devices
+    return _row(name, compiled, ideal, devices, compile_s=secs, **settings), grads, sums
+
+  policy = ts.make_policy_step(module, opt, mesh, ts.LossConfig.preset("grpo"),
+                               logits_chunk=chunk)
+  row, grads, sums = accumulate_row("update", policy, state, mb, logits_start)
+  compiled, secs = _timed_compile(policy.apply, state, grads, sums, scalar, norms)
+  out = [row, _row("update_apply", compiled, (_bytes(state) + _bytes(grads)) / devices, devices,
+                   compile_s=secs, **settings)]
+  if algo == "ppo":
+    vmod = ValueLM(cfg)
+    vopt = ts.make_optimizer(ts.OptimizerConfig(lr=1e-6, total_steps=100))
+    vmb = {k: mb[k] for k in ("input_ids", "attention_mask", "loss_mask")}
+    vmb["returns"] = vmb["old_values"] = mb["ref_logp"]
+    out.append(accumulate_row("update_critic", ts.make_value_step(vmod, vopt, mesh),
+                              ts.abstract_train_state(vmod, vopt, mesh), vmb, 0)[0])
+  fwd = ts.make_logprob_fn(module, mesh, logits_chunk=chunk)
+  fbatch = {k: mb[k] for k in ("input_ids", "attention_mask")}
+  compiled, secs = _timed_compile(fwd, state.params, fbatch, logits_start)
+  out.append(_row("logprob", compiled, (_bytes(state.params) + _bytes(fbatch)) / devices,
+                  devices, compile_s=secs, **settings))
+  return out
+
+
+def _cache_abstract(cfg, batch: int, length: int, sharding):
+  import jax
+  from rlrag_jax.models.decoder import init_cache
+  return _abstract(jax.eval_shape(lambda: init_cache(cfg, batch, length)), sharding)
+
+
+def compile_prefill(cfg, mesh, batch: int, prompt: int, cache_len: int) -> dict:
+  """Row 'prefill': the sampler's jitted prefill of `batch` prompts of `prompt` tokens."""
+  import jax
+  import jax.numpy as jnp
+  from rlrag_jax.models import sharding as shd
+  from rlrag_jax.models.decoder import DecoderLM
+  from rlrag_jax.sampling import sampler
+  rep = shd.replicated(mesh)
+  params = _abstract(shd.param_shapes(DecoderLM(cfg)), rep)
+  ids = jax.ShapeDtypeStruct((batch, prompt), jnp.int32, sharding=rep)
+  cache = _cache_abstract(cfg, batch, cache_len, rep)
+  compiled, secs = _timed_compile(jax.jit(sampler.prefill.__wrapped__, static_argnums=0,
+                                          donate_argnums=4), cfg, params, ids, ids, cache)
+  kv_new = 2 * cfg.num_layers * batch * prompt * cfg.num_kv_heads * cfg.head_dim * \
+      jnp.dtype(cfg.compute_dtype).itemsize
+  ideal = _bytes(params) + _bytes(cache) + kv_new
+  return _row("prefill", compiled, ideal, 1, compile_s=secs, sequences=batch, tokens=prompt,
+              vocab=cfg.vocab_size)
+
+
+def decode_ideal_bytes(cfg, batch: int, cached: int) -> float:
+  """Weights in the compute dtype (the embedding once: gathered rows are negligible, the
+  untied head once more) + the whole KV cache read + one new slot written + f32 logits."""
+  import jax.numpy as jnp
+  item = jnp.dtype(cfg.compute_dtype).itemsize
+  weights = cfg.num_params() * item
+  kv_read = 2 * cfg.num_layers * batch * cached * cfg.num_kv_heads * cfg.head_dim * item
+  kv_write = 2 * cfg.num_layers * batch * cfg.num_kv_heads * cfg.head_dim * item
+  return float(weights + kv_read + kv_write + batch * cfg.vocab_size * 4)
+
+
+def compile_decode(cfg, mesh, batch: int, cached: int) -> dict:
+  """Row 'decode': one step of the sampler's inner loop on the packed weights, cache donated."""
+  import functools
+  import jax
+  import jax.numpy as jnp
+  from rlrag_jax.models import sharding as shd
+  from rlrag_jax.models.decoder import DecoderLM
+  from rlrag_jax.sampling import fast_decode
+  rep = shd.replicated(mesh)
+  params = shd.param_shapes(DecoderLM(cfg))
+  packed = _abstract(jax.eval_shape(functools.partial(fast_decode.pack_params, cfg), params), rep)
+  cache = _cache_abstract(cfg, batch, cached, rep)
+  tokens = jax.ShapeDtypeStruct((batch,), jnp.int32, sharding=rep)
+  active = jax.ShapeDtypeStruct((batch,), jnp.bool_, sharding=rep)
+  step = jax.jit(fast_decode.decode_step, static_argnums=0, donate_argnums=4)
+  compiled, secs = _timed_compile(step, cfg, packed, tokens, active, cache)
+  return _row("decode", compiled, decode_ideal_bytes(cfg, batch, cached), 1, compile_s=secs,
+              sequences=batch, tokens=cached, vocab=cfg.vocab_size)
+
+
+def run(shape: str, *, sequences: int = 64, tokens: int = 512, micro_batches: int = 1,
+        logits_chunk: Optional[int] = None, algo: str = "grpo", vocab: Optional[int] = None,
+        decode_batch: int = 256, cached: int = 512, parts=("update", "prefill", "decode"),
+        remat: bool = True, attention_block: int = 512, logits_start: int = 0,
+        devices=None, tokens_per_micro_batch: int = 0) -> list:
+  """The rows of every requested part for one shape; the update is FSDP-sharded over
+  `devices` (default: every jax device), prefill and decode run on the first."""
+  import jax
+  from rlrag_jax.models import sharding as shd
+  cfg = model_config(shape, vocab=vocab, remat=remat, attention_block=attention_block)
+  mesh = shd.make_mesh(data=1, fsdp=-1, tensor=1,
+                       devices=jax.devices() if devices is None else devices)
+  rows = []
+  if "update" in parts:
+    rows += compile_update(cfg, mesh, sequences, tokens, micro_batches=micro_batches,
+                           logits_chunk=logits_chunk, algo=algo, logits_start=logits_start,
+                           tokens_per_micro_batch=tokens_per_micro_batch)
+  one = shd.make_mesh(devices=mesh.devices.flat[:1])
+  if "prefill" in parts:
+    rows.append(compile_prefill(cfg, one, min(sequences, decode_batch), tokens // 2, tokens))
+  if "decode" in parts:
+    rows.append(compile_decode(cfg, one, decode_batch, cached))
+  for r in rows:
+    r["shape"] = shape
+  return rows
+
+
+def format_rows(rows: list) -> str:
+  head = (f"{'name':<14}{'vocab':>8}{'seqs':>6}{'tokens':>7}{'mb':>4}{'dev':>4}  "
+          f"{'args GiB':>9}{'out GiB':>8}{'temp GiB':>9}{'args+temp':>10}{'TFLOP':>8}"
+          f"{'GB acc.':>9}{'ideal GB':>9}{'acc/ideal':>10}{'compile s':>10}")
+  lines = [head]
+  for r in rows:
+    acc = r["bytes_accessed"] / r["ideal_bytes"] if r["ideal_bytes"] else float("nan")
+    lines.append(
+        f"{r['name']:<14}{r['vocab']:>8}{r['sequences']:>6}{r['tokens']:>7}"
+        f"{r.get('micro_batches', 1):>4}{r['devices']:>4}  {r['argument_bytes'] / GIB:9.2f}"
+        f"{r['output_bytes'] / GIB:8.2f}{r['temp_bytes'] / GIB:9.2f}"
+        f"{(r['argument_bytes'] + r['temp_bytes']) / GIB:10.2f}{r['flops'] / 1e12:8.2f}"
+        f"{r['bytes_accessed'] / 1e9:9.2f}{r['ideal_bytes'] / 1e9:9.2f}{acc:10.2f}"
+        f"{r['compile_s']:10.1f}")
+  return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------ targets
+@dataclasses.dataclass
+class Target:
+  what: str
+  value: float
+  limit: float
+  unit: str
+
+  @property
+  def ok(self) -> bool:
+    return self.value <= self.limit
+
+  def line(self) -> str:
+    return (f"{'PASS' if self.ok else 'FAIL'}  {self.what}: {self.value:.3f} {self.unit} "
+            f"(target <= {self.limit:g})")
+
+
+def vocab_targets(rows_big: list, rows_small: list, temp_limit_gib: float = 6.0,
+                  ratio_limit: float = 1.15) -> list:
+  big = next(r for r in rows_big if r["name"] == "update")
+  small = next(r for r in rows_small if r["name"] == "update")
+  where = f"{big['shape']} update, {big['sequences']} x {big['tokens']} tokens"
+  return [Target(f"{where}, vocab {big['vocab']}: temporaries", big["temp_bytes"] / GIB,
+                 temp_limit_gib, "GiB"),
+          Target(f"{where}: temporaries at vocab {big['vocab']} / at vocab {small['vocab']}",
+                 big["temp_bytes"] / max(small["temp_bytes"], 1), ratio_limit, "x")]
+
+
+def decode_target(rows: list, limit: float = 1.5) -> Target:
+  d = next(r for r in rows if r["name"] == "decode")
+  return Target(f"{d['shape']} decode step, batch {d['sequences']}, {d['tokens']} cached: "
+                "bytes accessed / ideal", d["bytes_accessed"] / d["ideal_bytes"], limit, "x")
+
+
+def per_device_target(rows: list, limit_gib: float = 40.0) -> Target:
+  u = next(r for r in rows if r["name"] == "update")
+  return Target(f"{u['shape']} update, {u['sequences']} x {u['tokens']} tokens in "
+                f"{u['micro_batches']} micro-batches on {u['devices']} devices: arguments + "
+                "temporaries per device", (u["argument_bytes"] + u["temp_bytes"]) / GIB,
+                limit_gib, "GiB")
+
+
+def _set_host_devices(n: int) -> None:
+  """Must run before jax initialises its backends."""
+  if n > 1:
+    flags = os.environ.get("XLA_FLAGS", "")
+    os.environ["XLA_FLAGS"] = (flags + f" --xla_force_host_platform_device_count={n}").strip()
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+
+def main(argv=None) -> int:
+  ap = argparse.ArgumentParser(prog="python -m rlrag_jax.bench.memory", description=__doc__,
+                               formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap.add_argument("--shape", default="qwen2.5-0.5b",
+                  help=f"one of {sorted(SHAPES)}, or an HF config.json (or its folder)")
+  ap.add_argument("--sequences", type=int, default=64, help="rows of the update batch")
+  ap.add_argument("--tokens", type=int, default=512, help="tokens per row")
+  ap.add_argument("--micro-batches", type=int, default=1)
+  ap.add_argument("--tokens-per-micro-batch", type=int, default=0,
+                  help="token-budget micro-batches (rl.tokens_per_micro_batch; 0: off): the "
+                  "update row is the accumulate step of the largest micro-batch, plus "
+                  "update_apply")
+  ap.add_argument("--logits-chunk", type=int, default=None,
+                  help="logit elements per chunk (rl.logits_chunk; 0: full logits)")
+  ap.add_argument("--logits-start", type=int, default=0,
+                  help="first position whose logits the update computes (0: every position)")
+  ap.add_argument("--algo", choices=("grpo", "ppo"), default="grpo")
+  ap.add_argument("--vocab", type=int, default=None, help="replace the shape's vocabulary size")
+  ap.add_argument("--decode-batch", type=int, default=256)
+  ap.add_argument("--cached", type=int, default=512, help="KV-cache slots of the decode step")
+  ap.add_argument("--parts", default="update,prefill,decode")
+  ap.add_argument("--no-remat", action="store_true")
+  ap.add_argument("--attention-block", type=int, default=512)
+  ap.add_argument("--devices", type=int, default=1, help="host devices for the FSDP mesh")
+  ap.add_argument("--json", action="store_true", help="one JSON object a line")
+  ap.add_argument("--targets", action="store_true",
+                  help="check the three targets (0.5B vocab independence and temporaries, "
+                  "0.5B decode bytes, 7B on 8 devices): PASS / FAIL lines; exit 1 on a FAIL")
+  args = ap.parse_args(argv)
+  if args.targets:
+    args.devices = max(args.devices, 8)
+  _set_host_devices(args.devices)
+  try:
+    if args.targets:
+      return _targets(args)
+    parts = tuple(p for p in args.parts.split(",") if p)
+    unknown = set(parts) - {"update", "prefill", "decode"}
+    if unknown:
+      ap.error(f"--parts: unknown {sorted(unknown)}; expected update, prefill, decode")
+    import jax
+    if args.devices > 1 and jax.device_count() < args.devices:
+      raise SystemExit(f"--devices {args.devices}: jax sees {jax.device_count()} devices "
+                       "(set the flag before anything imports jax)")
+    rows = run(args.shape, sequences=args.sequences, tokens=args.tokens,
+               micro_batches=args.micro_batches, logits_chunk=args.logits_chunk,
+               algo=args.algo, vocab=args.vocab, decode_batch=args.decode_batch,
+               cached=args.cached, parts=parts, remat=not args.no_remat,
+               attention_block=args.attention_block, logits_start=args.logits_start,
+               tokens_per_micro_batch=args.tokens_per_micro_batch)
+  except ShapeError as e:
+    print(f"bench.memory: {e}", file=sys.stderr)
+    return 2
+  if args.json:
+    for r in rows:
+      print(json.dumps(r))
+  else:
+    import jax
+    print(f"jax {jax.__version__}, backend {jax.default_backend()}, {jax.device_count()} "
+          f"device(s); per-device figures")
+    print(format_rows(rows))
+  return 0
+
+
+def _targets(args) -> int:
+  import jax
+  print(f"jax {jax.__version__}, backend {jax.default_backend()}, {jax.device_count()} "
+        "device(s); per-device figures")
+  one = dict(parts=("update",), logits_chunk=args.logits_chunk, devices=jax.devices()[:1])
+  big = run("qwen2.5-0.5b", sequences=64, tokens=512, **one)
+  small = run("qwen2.5-0.5b", sequences=64, tokens=512, vocab=32000, **one)
+  dec = run("qwen2.5-0.5b", sequences=64, tokens=512, parts=("decode",), decode_batch=256,
+            cached=512)
+  seven = run("qwen2.5-7b", sequences=64, tokens=4096, micro_batches=2, parts=("update",),
+              logits_chunk=args.logits_chunk)
+  rows = big + small + dec + seven
+  if args.json:
+    for r in rows:
+      print(json.dumps(r))
+  else:
+    print(format_rows(rows))
+  checks = vocab_targets(big, small) + [decode_target(dec), per_device_target(seven)]
+  print()
+  for c in checks:
+    print(c.line())
+  return 0 if all(c.ok for c in checks) else 1
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,75 @@
+"""`python -m rlrag_jax.bench.memory`: one-line errors for bad shapes, the update's memory
+independent of the vocabulary once logits are chunked, the decode step's cache updated in place,
+and FSDP over host devices dividing the per-device arguments (reduced shapes)."""
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from rlrag_jax.bench import memory
+
+TINY = dict(model_type="qwen2", vocab_size=1024, hidden_size=64, intermediate_size=128,
+            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            tie_word_embeddings=True, max_position_embeddings=2048)
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def _write(tmp_path, d, name="config.json"):
+  p = tmp_path / name
+  p.write_text(json.dumps(d) if not isinstance(d, str) else d)
+  return str(p)
+
+
+@pytest.mark.parametrize("case", ["unknown", "bert", "not_json", "no_layers"])
+def test_bad_shapes_are_one_line_errors(tmp_path, capsys, case):
+  shape = {"unknown": lambda: "qwen9-1t",
+           "bert": lambda: _write(tmp_path, dict(TINY, model_type="bert")),
+           "not_json": lambda: _write(tmp_path, "{ nope"),
+           "no_layers": lambda: _write(tmp_path, {k: v for k, v in TINY.items()
+                                                   if k != "num_hidden_layers"})}[case]()
+  assert memory.main(["--shape", shape, "--parts", "decode"]) == 2
+  err = capsys.readouterr().err.strip()
+  assert err.startswith("bench.memory: ") and "\n" not in err, err
+  assert {"unknown": "qwen2.5-0.5b", "bert": "model_type", "not_json": "not valid JSON",
+          "no_layers": "num_hidden_layers"}[case] in err
+
+
+def test_update_memory_independent_of_vocab_and_decode_in_place(tmp_path):
+  shape = _write(tmp_path, TINY)
+  kw = dict(sequences=16, tokens=256, parts=("update",), logits_chunk=2 ** 20)
+  small = memory.run(shape, vocab=1024, **kw)
+  big = memory.run(shape, vocab=32768, **kw)
+  checks = memory.vocab_targets(big, small, temp_limit_gib=1.0, ratio_limit=1.15)
+  assert all(c.ok for c in checks), [c.line() for c in checks]
+  # Without chunks the same update's temporaries grow with the vocabulary (the check can fail).
+  full = memory.run(shape, vocab=32768, **dict(kw, logits_chunk=0))
+  assert not memory.vocab_targets(full, small, temp_limit_gib=1.0)[1].ok
+  wide = _write(tmp_path, dict(TINY, hidden_size=256, intermediate_size=512), "wide.json")
+  dec = memory.run(wide, parts=("decode",), decode_batch=32, cached=512)[0]
+  cache_bytes = 2 * 2 * 32 * 512 * 2 * 64 * 2       # layers x k/v x B x S x K x D x bf16
+  assert dec["alias_bytes"] >= cache_bytes, dec      # the donated cache is updated in place
+  assert dec["temp_bytes"] < cache_bytes / 4, dec     # less than one layer's K: no copy
+  assert dec["ideal_bytes"] > cache_bytes and dec["bytes_accessed"] >= dec["ideal_bytes"] * 0.5
+
+
+@pytest.mark.slow
+def test_fsdp_over_host_devices_divides_the_arguments(tmp_path):
+  shape = _write(tmp_path, TINY)
+  rows = {}
+  for devices in (1, 2):
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    env.pop("XLA_FLAGS", None)
+    out = subprocess.run([sys.executable, "-m", "rlrag_jax.bench.memory", "--shape", shape,
+                          "--sequences", "4", "--tokens", "64", "--parts", "update", "--json",
+                          "--devices", str(devices)], cwd=ROOT, env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows[devices] = [json.loads(l) for l in out.stdout.splitlines() if l.startswith("{")]
+  upd = {d: next(r for r in rows[d] if r["name"] == "update") for d in rows}
+  assert set(memory.FIELDS) <= set(upd[1])
+  assert upd[2]["devices"] == 2
+  # params, AdamW moments and the batch are sharded: about half per device
+  assert upd[2]["argument_bytes"] < 0.6 * upd[1]["argument_bytes"], upd
