@@ -1,0 +1,40 @@
+"""`python -m rlrag_jax.bench.accelerator --reduced`: every section but the main job runs on CPU at
+a tiny shape and reports its figures; the main job's compile line is parsed."""
+import json
+
+import pytest
+
+from rlrag_jax.bench import accelerator, memory
+
+
+def test_reduced_run_reports_every_figure(tmp_path):
+  rc = accelerator.main(["--reduced", "--sections", "hf,sampler,update", "--out", str(tmp_path)])
+  res = json.loads((tmp_path / "accelerator.json").read_text())
+  assert rc == 0 and res["failed"] == []
+  (s,) = res["sampler"]
+  assert s["tok_s"] > 0 and s["roofline_tok_s"] > 0 and s["decode_step_ms"] > 0
+  assert s["frac_roofline"] == pytest.approx(s["tok_s"] / s["roofline_tok_s"])
+  assert res["hf_generate"]["rows"][0]["batch"] == s["batch"]
+  u = res["update"]
+  assert u["skipped"] == 0.0 and u["tokens_per_s"] > 0 and u["micro_batches"] == 1
+  assert u["mfu"] == pytest.approx(u["model_tflops"] / accelerator.H100_BF16_TFLOPS)
+
+
+def test_model_flops_and_roofline_by_hand():
+  cfg = memory.model_config("qwen2.5-0.5b")
+  n, ve = cfg.num_params(), cfg.vocab_size * cfg.hidden_size
+  want = 64 * (512 * (6 * (n - ve) + 12 * 24 * 14 * 64 * 512) + 256 * 6 * ve)
+  assert accelerator.update_model_flops(cfg, 64, 512, 256) == pytest.approx(want)
+  bf16 = accelerator._model_config(accelerator.FULL)
+  step = bf16.num_params() * 2 + 64 * (128 + 255 / 2) * (2 * 24 * 2 * 64 * 2)
+  assert accelerator.decode_roofline_tok_s(bf16, 64, 128, 256, 3.35e12) == \
+      pytest.approx(64 * 3.35e12 / step)
+
+
+def test_compile_line_parsing():
+  line = ("I1127 rlrag_jax.trainer XLA compiles over the run: 42 (7.1 s): 0 compiled, 42 read "
+          "from the persistent cache (6.7 s)")
+  assert accelerator.parse_compile_line(line) == dict(compiles=42, compile_s=7.1, cache_hits=42)
+  assert accelerator.parse_compile_line("XLA compiles over the run: 3 (1.5 s)")["cache_hits"] == 0
+  with pytest.raises(RuntimeError, match="no 'XLA compiles"):
+    accelerator.parse_compile_line("nothing here")
