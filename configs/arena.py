@@ -181,12 +181,7 @@ PAPER_PRESETS = ("paper", "paper_no_bonus", "paper_f1", "paper_judge", "paper_na
 def _gpu(c) -> None:
   """':gpu' on top of the CPU default: the model, compute dtype, RL batch and lr that change
   (the module docstring gives the budget arithmetic)."""
-  c.model.update(dict(hidden_size=512, num_heads=8, num_kv_heads=4, head_dim=64,
-                      intermediate_size=1536, num_layers=4, dtype="bfloat16",
-                      param_dtype="float32"))
-  c.rl.prompts_per_step = 56          # x 8 = 448 samples a step, 7x the CPU default's 64
-  c.sft.lr = 1.5e-3                   # 3e-3 / sqrt(4): a 4x wider model
-  c.rl.lr = 5e-5                      # 1e-4 / sqrt(4)
+  config_base.gpu_sized(c)
 
 
 def _paper(c) -> None:

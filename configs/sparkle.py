@@ -216,10 +216,5 @@ def _gpu(c) -> None:
   # From scratch: model.path / model.train_config stay references to the reader's keys (setting
   # them would move models.reader.path too); init 'scratch' does not read them.
   c.model.init = "scratch"
-  c.model.update(dict(hidden_size=512, num_heads=8, num_kv_heads=4, head_dim=64,
-                      intermediate_size=1536, num_layers=4, dtype="bfloat16",
-                      param_dtype="float32"))
-  c.rl.prompts_per_step = 28          # question trees a step, 7x the CPU default's 4
-  c.sft.lr = 1.5e-3                   # 3e-3 / sqrt(4): a 4x wider model
-  c.rl.lr = 5e-5                      # 1e-4 / sqrt(4)
+  config_base.gpu_sized(c)
   c.rl.ppo.vf_lr = 2.5e-4             # 5e-4 / sqrt(4)

@@ -155,6 +155,24 @@ def use_hf_model(c: ml_collections.ConfigDict, *, remat: bool = True,
   c.sft.steps = 0
 
 
+# The ':gpu' presets' model: 4x the CPU defaults' width (hidden 128 -> 512), the same depth and
+# head / GQA ratios, bf16 compute over float32 master params.
+GPU_MODEL = dict(hidden_size=512, num_heads=8, num_kv_heads=4, head_dim=64,
+                 intermediate_size=1536, num_layers=4, dtype="bfloat16", param_dtype="float32")
+GPU_WIDTH_RATIO = 4
+GPU_SAMPLES_RATIO = 7
+
+
+def gpu_sized(c: ml_collections.ConfigDict) -> None:
+  """What every ':gpu' preset changes in its CPU default: `GPU_MODEL`, 7x the prompts (or
+  trees) a step, and the SFT and RL lrs divided by sqrt(4) for the 4x width (between the
+  standard parametrisation's same lr and muP's 1/width; ours, to be tuned on a GPU)."""
+  c.model.update(GPU_MODEL)
+  c.rl.prompts_per_step *= GPU_SAMPLES_RATIO
+  c.sft.lr /= GPU_WIDTH_RATIO ** 0.5
+  c.rl.lr /= GPU_WIDTH_RATIO ** 0.5
+
+
 def load_config_file(spec: str) -> ml_collections.ConfigDict:
   """`path/to/config.py[:preset]` -> the ConfigDict its `get_config(preset)` returns.
 
