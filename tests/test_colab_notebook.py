@@ -5,15 +5,18 @@ import pathlib
 import numpy as np
 import pytest
 
+from _deps import require
+
 pytestmark = pytest.mark.slow
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 def test_colab_notebook_runs_reduced_on_cpu(tmp_path):
-  nbformat = pytest.importorskip("nbformat")
-  nbclient = pytest.importorskip("nbclient")
-  torch = pytest.importorskip("torch")
-  transformers = pytest.importorskip("transformers")
+  nbformat = require("nbformat")
+  nbclient = require("nbclient")
+  torch = require("torch")
+  transformers = require("transformers")
+  require("ipykernel")                   # the notebook's python3 kernel
   nb = nbformat.read(REPO / "launch" / "colab.ipynb", as_version=4)
   params = [c for c in nb.cells if "parameters" in c.get("metadata", {}).get("tags", [])]
   assert len(params) == 1, "the notebook needs exactly one cell tagged 'parameters'"

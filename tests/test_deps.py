@@ -1,5 +1,7 @@
 """tests/_deps.require: a missing dependency skips outside CI and fails under CI=true, naming the
 module and what installs it; setup.cfg is where it looks."""
+import pathlib
+import re
 import sys
 
 import pytest
@@ -52,3 +54,19 @@ def test_a_broken_install_raises_instead_of_skipping(monkeypatch, tmp_path):
   with pytest.raises(ModuleNotFoundError, match=ABSENT):
     _deps.require("rlrag_broken_pkg_8c1f")
 
+
+def test_every_require_names_a_declared_dependency_and_no_importorskip_hides_one():
+  """require() of an undeclared module would fail CI for a package that nothing installs
+  (declare it in setup.cfg, or keep a skip with its reason); pytest.importorskip of a declared
+  one (or of this package's own module) would skip under CI."""
+  required, skipped = set(), set()
+  for path in pathlib.Path(__file__).parent.rglob("*.py"):
+    if path.name in ("_deps.py", "test_deps.py"):
+      continue
+    text = path.read_text()
+    required |= set(re.findall(r"\brequire\(\"([\w.]+)\"\)", text))
+    skipped |= {(path.name, m) for m in re.findall(r"importorskip\(\"([\w.]+)\"", text)}
+  assert required, "no test calls require(...)"
+  assert [m for m in sorted(required) if not _deps.provided_by(m)] == []
+  assert [(f, m) for f, m in sorted(skipped)
+          if _deps.provided_by(m) or m.split(".")[0] == "rlrag_jax"] == []

@@ -17,6 +17,7 @@ import jax
 import numpy as np
 import pytest
 
+from _deps import require
 from configs import apex_planner, arena, search
 from rlrag_jax import trainer
 from rlrag_jax.models import LM, load_hf
@@ -91,7 +92,7 @@ def _questions(examples):
 
 @pytest.mark.parametrize("name", sorted(PRESETS))
 def test_paper_preset_trains_resumes_evaluates_and_exports(name, tmp_path):
-  torch = pytest.importorskip("torch")
+  torch = require("torch")
   make, arch = PRESETS[name]
   ckpt = make_tiny_checkpoint(tmp_path, arch, max_position_embeddings=4096)
   c = make(ckpt, tmp_path / "run")

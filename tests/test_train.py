@@ -5,6 +5,7 @@ import jax
 import numpy as np
 import pytest
 
+from _deps import require
 from configs import arena
 from rlrag_jax import trainer
 from rlrag_jax.training import collection
@@ -62,8 +63,8 @@ def test_resume_after_kill_repeats_the_uninterrupted_run(tmp_path):
 
 
 def test_run_writes_report_and_exports_a_transformers_checkpoint(tmp_path):
-  torch = pytest.importorskip("torch")
-  transformers = pytest.importorskip("transformers")
+  torch = require("torch")
+  transformers = require("transformers")
   work = tmp_path / "run"
   config = tiny_config(work)
   config.eval.every = 2                 # a mid-run evaluation after RL step 2 of 4

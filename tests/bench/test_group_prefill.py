@@ -1,11 +1,10 @@
 """bench.group_prefill runs and its two paths draw the same tokens (no timing is asserted)."""
-import pytest
-
+from _deps import require
 from rlrag_jax.bench import group_prefill
 
 
 def test_group_prefill_bench_paths_agree(capsys):
-  pytest.importorskip("torch")
+  require("torch")
   assert group_prefill.main(["--sizes", "tiny", "--prompts", "2", "--group", "3",
                              "--prompt-tokens", "16", "--new-tokens", "4",
                              "--repeats", "1"]) == 0

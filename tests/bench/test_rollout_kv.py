@@ -2,13 +2,12 @@
 asserted)."""
 import re
 
-import pytest
-
+from _deps import require
 from rlrag_jax.bench import rollout
 
 
 def test_kv_reuse_bench_paths_agree(capsys):
-  pytest.importorskip("torch")
+  require("torch")
   assert rollout.main(["--kv-reuse", "--sizes", "tiny", "--prompts", "2", "--group", "4",
                        "--prompt-tokens", "48", "--obs-tokens", "24", "--turn-tokens", "6",
                        "--turns", "2", "--repeats", "1"]) == 0

@@ -1,9 +1,10 @@
 """The sampling benchmark's matmul floor multiplies by exactly the model's linear layers."""
 import pytest
 
+from _deps import require
 from hf_tiny import make_tiny_checkpoint
 
-torch = pytest.importorskip("torch")
+torch = require("torch")
 
 
 @pytest.mark.parametrize("tied", [False, True])

@@ -4,7 +4,9 @@ import sys
 
 import pytest
 
-tfds = pytest.importorskip("tensorflow_datasets")
+from _deps import require
+
+tfds = require("tensorflow_datasets")
 
 from rlrag_jax.data import load_dataset  # pylint: disable=g-import-not-at-top
 from rlrag_jax.data import tfds_builders

@@ -6,6 +6,7 @@ import json
 import numpy as np
 import pytest
 
+from _deps import require
 from configs import apex_executor, apex_planner
 from rlrag_jax import trainer
 from rlrag_jax.methods.apex import pipeline
@@ -108,7 +109,7 @@ def test_paper_presets_train_on_real_data_and_run_the_pipeline(tmp_path, shared_
   """`:paper` executor and planner shrunk onto tiny HF checkpoints and the MuSiQue samples: the
   executor's SFT is killed, resumes and finishes; the pipeline then runs every cell on MuSiQue
   dev, the 'exec SFT off' cells with the untrained checkpoint."""
-  pytest.importorskip("torch")
+  require("torch")
   from hf_tiny import make_tiny_checkpoint
   ckpt = make_tiny_checkpoint(tmp_path, "qwen2", max_position_embeddings=4096)
 

@@ -6,6 +6,7 @@ import json
 import ml_collections
 import pytest
 
+from _deps import require
 from configs import r2ag, r2ag_generator
 from rlrag_jax import config_base, trainer
 from rlrag_jax.methods.r2ag import parsing
@@ -106,7 +107,7 @@ def test_generator_is_trained_once_from_its_config(tmp_path):
 
 
 def test_paper_preset_runs_on_real_data(tmp_path, shared_data_dir):
-  pytest.importorskip("torch")
+  require("torch")
   from hf_tiny import make_tiny_checkpoint
   policy = make_tiny_checkpoint(tmp_path, "qwen2", max_position_embeddings=4096, name="policy")
   reader = make_tiny_checkpoint(tmp_path, "llama", seed=1, max_position_embeddings=4096,

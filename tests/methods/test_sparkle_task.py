@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from _deps import require
 from rlrag_jax import config_base, trainer
 from rlrag_jax.methods.sparkle import parsing
 from rlrag_jax.methods.sparkle import task as sparkle_task
@@ -158,7 +159,7 @@ def test_reader_is_trained_once_from_its_config(tmp_path):
 
 
 def test_paper_preset_runs_on_real_data(tmp_path, shared_data_dir):
-  pytest.importorskip("torch")
+  require("torch")
   from hf_tiny import make_tiny_checkpoint
   policy = make_tiny_checkpoint(tmp_path, "qwen2", max_position_embeddings=4096, name="policy")
   reader = make_tiny_checkpoint(tmp_path, "llama", seed=1, max_position_embeddings=4096,
@@ -191,7 +192,7 @@ def test_paper_preset_runs_on_real_data(tmp_path, shared_data_dir):
 
 
 def test_reader_paper_preset_runs_on_real_data(tmp_path, shared_data_dir):
-  pytest.importorskip("torch")
+  require("torch")
   from hf_tiny import make_tiny_checkpoint
   ckpt = make_tiny_checkpoint(tmp_path, "qwen2", max_position_embeddings=4096, name="reader")
   c = config_base.load_config_file("configs/sparkle_reader.py:paper")

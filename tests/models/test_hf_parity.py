@@ -6,8 +6,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+from _deps import require
+
+torch = require("torch")
+transformers = require("transformers")
 
 from rlrag_jax.models import (LM, DecoderLM, ModelConfig, ValueLM, encode_prompt, init_params,  # noqa: E402
                               load_hf, save_hf, value_params_from_policy)

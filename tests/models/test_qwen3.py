@@ -9,8 +9,10 @@ import jax
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+from _deps import require
+
+torch = require("torch")
+transformers = require("transformers")
 
 from rlrag_jax import rl  # noqa: E402
 from rlrag_jax.models import LM, load_hf, save_hf  # noqa: E402
