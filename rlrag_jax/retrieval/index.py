@@ -5,9 +5,12 @@ Both take a database [N, d] float32 and answer `search(queries [Q, d], k)` with
 
 `ExactIndex` is the ground truth: a jitted matmul + `lax.top_k`, batched over queries so the score
 block stays under ~256 MiB. `ScannIndex` is ScaNN's tree + asymmetric hashing + exact reorder; for
-small corpora (N < `brute_force_below`, default 16384) it is ScaNN's float brute force instead:
-exact, and at that size as fast as a partitioned search (k-means with sqrt(N) leaves and
-16-centre codebooks per block also need a few thousand points to train).
+small corpora (N < `brute_force_below`, default `BRUTE_FORCE_BELOW` = 16384) it is ScaNN's float
+brute force instead: exact, and at that size as fast as a partitioned search (k-means with sqrt(N)
+leaves and 16-centre codebooks per block also need a few thousand points to train). Which of the
+two ran is `index.mode` ('exact' | 'brute_force' | 'partitioned'), logged when a ScaNN index is
+built or loaded (`index.describe()`) and written into the Retriever's manifest: a brute-force
+"ScaNN" result is exact search's, to the last digit.
 
 Persistence: `index.save(folder, embeddings_file)` writes the index's own files into `folder` and
 returns the params to put in a manifest; `load_index(backend, folder, embeddings, params)`
@@ -16,6 +19,7 @@ rebuilds it. The Retriever owns the embeddings file; ScaNN reuses it instead of 
 from __future__ import annotations
 
 import functools
+import logging
 import math
 import os
 import pathlib
@@ -26,6 +30,9 @@ import jax.numpy as jnp
 import numpy as np
 
 _SCORE_BLOCK = 1 << 26     # floats in one [Q_batch, N] score block (256 MiB)
+BRUTE_FORCE_BELOW = 16384  # ScannIndex's default; config key retrieval.scann_brute_force_below
+
+log = logging.getLogger("rlrag_jax.retrieval")
 
 
 def _pow2(n: int) -> int:
@@ -51,6 +58,7 @@ class ExactIndex:
   """Brute-force inner product: jnp matmul + lax.top_k (jitted, batched over queries)."""
 
   backend = "exact"
+  mode = "exact"
 
   def __init__(self, embeddings, *, query_batch: Optional[int] = None):
     db = _as_matrix(embeddings, "ExactIndex embeddings")
@@ -81,6 +89,9 @@ class ExactIndex:
     scores = np.concatenate([np.asarray(s) for s, _ in outs])[:nq, :k]
     ids = np.concatenate([np.asarray(i) for _, i in outs])[:nq, :k].astype(np.int64)
     return scores, ids
+
+  def describe(self) -> str:
+    return f"exact search (N={self.n})"
 
   def params(self) -> dict:
     return {}
@@ -117,7 +128,8 @@ class ScannIndex:
     anisotropic_quantization_threshold: ScaNN's score-aware loss threshold (0.2 for unit vectors).
     reorder_k: AH candidates re-scored exactly; the second knob.
     training_sample_size: points used to train k-means and AH.
-    brute_force_below: N under which ScaNN's float brute force is used instead (no training).
+    brute_force_below: N under which ScaNN's float brute force is used instead (no training):
+      exact search, reported as `mode` 'brute_force' (else 'partitioned').
     num_threads: search threads (0 = all cores).
   """
 
@@ -125,7 +137,8 @@ class ScannIndex:
 
   def __init__(self, embeddings, *, num_leaves=None, num_leaves_to_search=None,
                dimensions_per_block=None, anisotropic_quantization_threshold=None,
-               reorder_k=None, training_sample_size=None, brute_force_below: int = 16384,
+               reorder_k=None, training_sample_size=None,
+               brute_force_below: int = BRUTE_FORCE_BELOW,
                num_threads: int = 0, _searcher=None):
     import scann  # pylint: disable=g-import-not-at-top
     db = _as_matrix(embeddings, "ScannIndex embeddings")
@@ -164,9 +177,28 @@ class ScannIndex:
       self._searcher = b.build()
     if self.num_threads:
       self._searcher.set_num_threads(self.num_threads)
+    if p["brute_force"]:     # ScaNN was chosen and exact search runs: say so
+      log.warning("%s", self.describe())
+    else:
+      log.info("%s", self.describe())
 
   def __len__(self):
     return self.n
+
+  @property
+  def mode(self) -> str:
+    """'brute_force' (N < brute_force_below: exact float scores) or 'partitioned'."""
+    return "brute_force" if self._params["brute_force"] else "partitioned"
+
+  def describe(self) -> str:
+    p = self._params
+    if p["brute_force"]:
+      return (f"ScaNN brute force (N={self.n} < brute_force_below={p['brute_force_below']}): "
+              "exact float search, no partitioning or quantisation")
+    return (f"ScaNN partitioned (N={self.n} >= brute_force_below={p['brute_force_below']}): "
+            f"{p['num_leaves']} leaves, {p['num_leaves_to_search']} searched, AH "
+            f"{p['dimensions_per_block']} dims/block, reorder_k={p['reorder_k']}, "
+            f"trained on {p['training_sample_size']}")
 
   def params(self) -> dict:
     return dict(self._params)
@@ -259,7 +291,7 @@ class ScannIndex:
     kw = {k: p.get(k) for k in ("num_leaves", "num_leaves_to_search", "dimensions_per_block",
                                 "anisotropic_quantization_threshold", "reorder_k",
                                 "training_sample_size")}
-    return cls(embeddings, brute_force_below=p.get("brute_force_below", 16384),
+    return cls(embeddings, brute_force_below=p.get("brute_force_below", BRUTE_FORCE_BELOW),
                num_threads=num_threads, _searcher=searcher, **kw)
 
 

@@ -4,8 +4,9 @@ Passages are encoded as `passage_text(title, text)` = "title\\ntext" (just `text
 is empty), the layout DPR-style corpora store (FlashRAG's `contents` is '"Title"\\ntext').
 
 On disk (`save` / `load`), one folder:
-  manifest.json     format, format_version, backend, n, d, encoder id, index params, and the
-                    sha256 of every file below
+  manifest.json     format, format_version, backend, index_mode ('exact' | 'brute_force' |
+                    'partitioned': what ScaNN really ran), n, d, encoder id, index params, and
+                    the sha256 of every file below
   corpus.jsonl      one CorpusRecord per line (id, title, text, triples), row i = embedding i
   embeddings.npy    [N, d] float32, unit rows
   scann/            ScaNN's serialised searcher (backend 'scann' only)
@@ -247,6 +248,7 @@ class Retriever:
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
         "backend": self.backend,
+        "index_mode": self.index.mode,
         "n": len(self.records),
         "d": self.dim,
         "encoder": self.encoder_id,

@@ -103,6 +103,9 @@ def test_save_load_identical_results(tmp_path, vectors, scann_retriever, backend
   shutil.move(tmp_path / "orig", tmp_path / "moved")
   loaded = Retriever.load(tmp_path / "moved")
   assert loaded.backend == backend and len(loaded) == N and loaded.dim == D
+  mode = "partitioned" if backend == "scann" else "exact"   # the fixture lowers the threshold
+  assert loaded.index.mode == mode
+  assert json.loads((tmp_path / "moved" / "manifest.json").read_text())["index_mode"] == mode
   assert loaded.search_embeddings(q, k=10) == before
   with pytest.raises(ValueError, match="no encoder"):
     loaded.search(["a query"], k=3)
