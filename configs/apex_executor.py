@@ -64,7 +64,8 @@ def base_config() -> ml_collections.ConfigDict:
       trajectories=""))             # JSONL from `python -m rlrag_jax.methods.apex.self_instruct`
                                     # ('' = oracle trajectories from the gold decompositions)
   c.retrieval = ml_collections.ConfigDict(dict(
-      backend="exact", corpus="", encoder_path="", cache_dir=""))
+      backend="exact", corpus="", encoder_path="", cache_dir="",
+      scann_brute_force_below=16384))   # scann: exact brute force for smaller corpora
   c.data.mix = ("hotpotqa:train", "2wiki:train", "musique:train")
   c.data.eval_mix = ("hotpotqa:dev", "2wiki:dev", "musique:dev", "bamboogle:test")
   c.stages = ("sft",)

@@ -25,7 +25,8 @@ def get_config(arg: str = ""):
   c.r2ag = ml_collections.ConfigDict(dict(role="generator", passage_words=0,
                                           generator_distractors=4))
   c.retrieval = ml_collections.ConfigDict(dict(
-      backend="exact", corpus="", encoder_path="", cache_dir=""))
+      backend="exact", corpus="", encoder_path="", cache_dir="",
+      scann_brute_force_below=16384))   # scann: exact brute force for smaller corpora
   c.stages = ("sft",)
   c.rl.steps = 0
   if arg == "paper":

@@ -104,7 +104,8 @@ Method-specific sections (the trainer reads the others):
              context each turn).
   retrieval  backend ('exact' | 'scann'), corpus ('' = the data source's own corpus, else a name
              in loaders.CORPORA or a JSONL path), encoder_path ('' = packaged MiniLM),
-             cache_dir ('' = <workdir>/retriever).
+             cache_dir ('' = <workdir>/retriever), scann_brute_force_below (a corpus with fewer
+             passages gets ScaNN's exact float brute force, not the partitioned index).
   sft.known_min_seen  SFT targets recall (do not search) the gold steps whose fact occurs in at
              least this many other training questions; all steps recalled = structure A
              (0: every step searched).
@@ -145,7 +146,8 @@ def base_config() -> ml_collections.ConfigDict:
       top_k=5, max_turns=5, max_obs_tokens=600, max_total_len=4096, min_batch=8,
       context_bucket=128, max_prompt_len=0, kv_reuse=True))
   c.retrieval = ml_collections.ConfigDict(dict(
-      backend="exact", corpus="", encoder_path="", cache_dir=""))
+      backend="exact", corpus="", encoder_path="", cache_dir="",
+      scann_brute_force_below=16384))   # scann: exact brute force for smaller corpora
 
   c.eval.max_new_tokens = 48
   c.eval.baselines = True               # no-retrieval and naive-RAG pipelines in the report

@@ -4,6 +4,9 @@
                        deduplicated contexts of its examples; or a name in loaders.CORPORA / a
                        JSONL path
   retrieval.backend    'exact' | 'scann'
+  retrieval.scann_brute_force_below  corpora smaller than this get ScaNN's float brute force
+                       (exact search; default 16384); lower it to run the partitioned tree + AH
+                       + reorder on a small corpus (the index logs which of the two runs)
   retrieval.encoder_path  '' = the packaged MiniLM
   retrieval.cache_dir  where built indexes are kept ('' = <workdir>/retriever)
 
@@ -44,13 +47,21 @@ def corpus_for(config, selection) -> list:
 
 def retriever_for(config, corpus, encoder=None):
   """(encoder, Retriever, index folder), the index cached under `retrieval.cache_dir` (default
-  <workdir>/retriever) by a fingerprint of the corpus and the encoder."""
+  <workdir>/retriever) by a fingerprint of the corpus, the encoder and the index settings."""
   from rlrag_jax.retrieval import Encoder, Retriever
+  from rlrag_jax.retrieval import index as index_lib
   rc = config.retrieval
   if encoder is None:
     encoder = Encoder.from_pretrained(rc.encoder_path or None)
+  index_params = {}
+  if rc.backend == "scann":
+    # A run's saved config.json from before the key existed lacks it: today's default then.
+    index_params["brute_force_below"] = int(rc.get("scann_brute_force_below",
+                                                   index_lib.BRUTE_FORCE_BELOW))
   h = hashlib.sha1(encoder.id.encode())
   h.update(rc.backend.encode())
+  for k, v in sorted(index_params.items()):
+    h.update(f"\x02{k}={v}".encode())
   for r in corpus:
     h.update(f"{r.id}\x00{r.title}\x00{r.text}\x01".encode())
   cache = pathlib.Path(rc.cache_dir or pathlib.Path(config.workdir) / "retriever").expanduser()
@@ -59,8 +70,10 @@ def retriever_for(config, corpus, encoder=None):
     return encoder, Retriever.load(folder, encoder), folder
   log.info("%s: encoding %d passages for the %s index (cached in %s)", config.method,
            len(corpus), rc.backend, folder)
-  retriever = Retriever.build(corpus, encoder, backend=rc.backend, batch_size=128)
+  retriever = Retriever.build(corpus, encoder, backend=rc.backend, batch_size=128,
+                              **index_params)
   retriever.save(folder)
   (folder / "built_by.json").write_text(json.dumps({"corpus": rc.corpus or "selection",
-                                                    "n": len(corpus)}))
+                                                    "n": len(corpus),
+                                                    "index_mode": retriever.index.mode}))
   return encoder, retriever, folder
