@@ -133,4 +133,9 @@ def test_kl_stability_seeds_aggregate_by_hand(tmp_path):
   assert saved["curves"]["k3"]["kl_k3"]["step_change_std"] == pytest.approx([0.0, 0.0])
   assert saved["curves"]["k3"]["kl_k3"]["last_quarter"][0] == pytest.approx(3 * 0.4)
   assert "| k3 | 0.4 ± 0.14 |" in text
+  # k3 - k2 per seed: max KL +0.2, +0.3; t(1) interval 0.25 ± 12.706 * 0.0707 / sqrt(2)
+  assert saved["paired"]["max_kl_k3"]["per_seed"] == pytest.approx([0.2, 0.3])
+  assert saved["paired"]["max_kl_k3"]["t"] == pytest.approx([0.25, 0.25 - 0.6353, 0.25 + 0.6353],
+                                                            abs=1e-3)
+  assert "| max_kl_k3 | +0.2, +0.3 | +0.25 | [-0.385, +0.885] | includes 0 |" in text
   assert (tmp_path / "kl_stability_seeds.png").exists()

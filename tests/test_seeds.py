@@ -52,9 +52,16 @@ def test_summary_by_hand(tmp_path):
   assert em["gain"] == pytest.approx((0.25, 0.0))
   assert em["gain_all_seeds_positive"] and em["paired_examples"] == 12
   assert em["gain_ci"][0] == pytest.approx(3 / 12)        # pooled mean of the 12 paired diffs
+  # per seed the paired diffs are [1,0,0,0], [1,0,0,0], [0,0,1,0]: every seed's mean is 0.25
+  assert em["gain_ci_t"] == pytest.approx((0.25, 0.25, 0.25))
+  assert em["gain_ci_hier"] == seeds.hierarchical_bootstrap(
+      [[1, 0, 0, 0], [1, 0, 0, 0], [0, 0, 1, 0]], 200)
+  assert em["gain_claim"] == "includes 0"                # 4 examples a seed: wide bootstrap
   assert st["minutes"] == pytest.approx((3.0, 1.0))
   text = seeds.write_markdown(seeds.summarise(runs, 200), tmp_path / "s.md", "t")
   assert "| em | 0.500 ± 0.250 | 0.750 ± 0.250 | 0.250 ± 0.000 |" in text
+  lo, hi = em["gain_ci_hier"][1:]
+  assert (f"| [{lo:+.3f}, {hi:+.3f}] | [+0.250, +0.250] | includes 0 | yes |") in text
 
 
 def test_cli_resumes_compares_arms_and_writes_outputs(tmp_path, monkeypatch):
@@ -85,8 +92,30 @@ def test_cli_resumes_compares_arms_and_writes_outputs(tmp_path, monkeypatch):
   assert cmp_em["diff_ci"][0] == pytest.approx(0.25)
   md = (out / "seeds.md").read_text()
   assert "## b - a (after RL, paired on seed and example)" in md
+  assert cmp_em["diff_ci_t"] == pytest.approx((0.25, 0.25, 0.25))
+  assert cmp_em["paired_examples"] == 8 and cmp_em["diff_claim"] == "includes 0"   # 4 a seed
   assert (out / "seeds.png").stat().st_size > 1000
+  assert res["plot"]["series"]["a"]["0"]["em"] == [[0, 2], [0.0, 0.25]]   # [1,0,0,0] after
   assert seeds.main(argv) == 0 and len(calls) == 4         # resumed: nothing rerun
+  # --summarize: the same tables from seeds.json alone, nothing run, the plot redrawn
+  again = tmp_path / "again"
+  assert seeds.main([f"--summarize={out / 'seeds.json'}", f"--out={again}",
+                     "--resamples=100"]) == 0 and len(calls) == 4
+  assert (again / "seeds.md").read_text() == md
+  assert json.loads((again / "seeds.json").read_text()) == res
+  assert (again / "seeds.png").stat().st_size > 1000
+  # a seeds.json from before the plotted curves were kept: the png is left alone
+  old = dict(res)
+  del old["plot"], old["contrast"]
+  (tmp_path / "old").mkdir()
+  (tmp_path / "old" / "seeds.json").write_text(json.dumps(old))
+  assert seeds.main([f"--summarize={tmp_path / 'old' / 'seeds.json'}", "--resamples=100"]) == 0
+  assert (tmp_path / "old" / "seeds.md").read_text() == md
+  assert not (tmp_path / "old" / "seeds.png").exists()
+  with pytest.raises(SystemExit):
+    seeds.main([f"--summarize={tmp_path / 'missing.json'}"])
+  with pytest.raises(SystemExit):
+    seeds.main([f"--out={out}"])                           # no --config, no --summarize
   with pytest.raises(SystemExit):
     seeds.main(["--config=x", f"--out={out}", "--bogus=1"])
 
@@ -198,3 +227,46 @@ def test_contrast_of_two_metrics_of_one_evaluation_by_hand(tmp_path):
   assert "| top2_map-map | main | after RL | -0.312 ± 0.088 |" in text
   with pytest.raises(ValueError, match="METRIC_A-METRIC_B"):
     seeds.contrasts(runs, ["map"])
+
+
+def test_seed_level_section_of_a_committed_table(tmp_path):
+  """--summarize=seeds.md (no seeds.json committed): a t interval over seeds per gain, arm
+  difference and contrast row from its mean ± std, equal to t_interval of the per-seed values
+  up to the table's rounding."""
+  gains = {0: ([0, 0, 1, 1], [1, 0, 1, 1]), 1: ([0, 1, 1, 1], [1, 1, 1, 1]),
+           2: ([0, 0, 0, 1], [0, 0, 0, 1])}
+  runs = {}
+  for arm, extra in (("a", 0), ("b", 1)):
+    for s, (b, a) in gains.items():
+      wd = tmp_path / arm / f"s{s}"
+      _fake_run(wd, b, [1] * extra * 2 + a[extra * 2:])
+      runs.setdefault(arm, {})[s] = seeds.load_run(wd)
+  summary = seeds.summarise(runs, 100)
+  text = seeds.write_markdown(summary, tmp_path / "seeds.md", "t")
+  section = seeds.seed_level_section(text, rerun="python -m x --seeds=0,1,2")
+  assert "per-example raw was not committed" in section and "`python -m x --seeds=0,1,2`" in section
+  per_seed = summary["arms"]["a"]["metrics"]["em"]["gain_per_seed"]      # 0.25, 0.0, 0.0
+  _, lo, hi = seeds.t_interval(per_seed)
+  row = next(l for l in section.splitlines() if l.startswith("| a | em |"))
+  got = [float(x) for x in row.split("| [")[2].split("]")[0].split(", ")]
+  assert got == pytest.approx([lo, hi], abs=0.0005 * (1 + 4.303 / 3 ** 0.5) + 5e-4)
+  assert row.endswith("| includes 0 |") and "| 3 |" in row
+  diff = summary["comparison"]["em"]["diff_per_seed"]
+  row = next(l for l in section.splitlines() if l.startswith("| b - a | em |"))
+  got = [float(x) for x in row.split("| [")[2].split("]")[0].split(", ")]
+  assert got == pytest.approx(seeds.t_interval(diff)[1:], abs=2e-3)
+  # written into the file, replacing an earlier section; idempotent
+  seeds.annotate_markdown(tmp_path / "seeds.md", tmp_path)
+  once = (tmp_path / "seeds.md").read_text()
+  assert seeds.main([f"--summarize={tmp_path / 'seeds.md'}"]) == 0
+  assert (tmp_path / "seeds.md").read_text() == once and once.startswith(text.rstrip("\n"))
+  assert once.count(seeds.SEED_LEVEL_HEADING) == 1
+  # an SFT-only table has no gain: the section says so
+  w = tmp_path / "sft"
+  w.mkdir()
+  (w / "eval_summary.json").write_text(json.dumps({"before": None, "after": {"em": 0.5},
+                                                   "minutes": 1.0}))
+  (w / "eval_rows.json").write_text(json.dumps({"before": None, "after": _rows([1, 0])}))
+  sft = seeds.write_markdown(seeds.summarise({"main": {0: seeds.load_run(w)}}, 50),
+                             tmp_path / "sft.md", "t")
+  assert "no interval applies" in seeds.seed_level_section(sft)

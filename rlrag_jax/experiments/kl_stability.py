@@ -283,7 +283,8 @@ SMOOTHNESS = ("kl_k3", "reward/total", "grad_norm")
 
 def aggregate_seeds(workdir: pathlib.Path, seeds: Sequence[int]) -> str:
   """Per estimator, mean ± std over seeds of each seed's summary figures and of the curves'
-  step-to-step change std (smoothness; `experiments.seeds.curve_stats`). Writes
+  step-to-step change std (smoothness; `experiments.seeds.curve_stats`); with two estimators,
+  their per-seed difference of each figure with a t interval over seeds. Writes
   <workdir>/kl_stability_seeds.{md,json,png}; returns the markdown."""
   from rlrag_jax.experiments import seeds as seeds_lib
   per_seed = {s: json.loads((workdir / f"seed_{s}" / "kl_stability.json").read_text())
@@ -303,12 +304,29 @@ def aggregate_seeds(workdir: pathlib.Path, seeds: Sequence[int]) -> str:
   for e in estimators:
     lines.append(f"| {e} | " + " | ".join(f"{m:.3g} ± {sd:.2g}" for m, sd in
                                            (figures[e][k] for k in SEED_FIGURES)) + " |")
+  paired = {}
+  if len(estimators) == 2:
+    # both estimators of a seed start from its warm-up with the same first rollouts: pair them
+    a, b = estimators
+    for k in SEED_FIGURES:
+      d = [_num(per_seed[s]["summary"][b].get(k)) - _num(per_seed[s]["summary"][a].get(k))
+           for s in seeds]
+      if all(math.isfinite(x) for x in d):
+        paired[k] = {"per_seed": d, "t": seeds_lib.t_interval(d)}
+    lines += ["", f"{b} - {a} per seed (paired: one warm-up and the same first rollouts), "
+              "Student-t 95% interval over seeds:", "",
+              "| figure | per seed | mean | t 95% CI over seeds | vs 0 |", "|---|---|---|---|---|"]
+    for k, e in paired.items():
+      m, lo, hi = e["t"]
+      ci = f"[{lo:+.3g}, {hi:+.3g}]" if math.isfinite(lo) else "–"
+      lines.append(f"| {k} | {', '.join(f'{x:+.3g}' for x in e['per_seed'])} | {m:+.3g} | "
+                   f"{ci} | {seeds_lib.claim(e['t'])} |")
   lines += ["", seeds_lib.curves_markdown(curves)]
   text = "\n".join(lines)
   (workdir / "kl_stability_seeds.md").write_text(text)
   (workdir / "kl_stability_seeds.json").write_text(json.dumps(
-      {"seeds": list(seeds), "settings": settings, "figures": figures, "curves": curves},
-      indent=1))
+      {"seeds": list(seeds), "settings": settings, "figures": figures, "paired": paired,
+       "curves": curves}, indent=1))
   seeds_lib.plot_curves(dirs, workdir / "kl_stability_seeds.png", metrics=SMOOTHNESS)
   return text
 

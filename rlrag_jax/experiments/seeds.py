@@ -1,9 +1,11 @@
-"""One config over several seeds: mean ± std, the RL gain with a paired bootstrap interval, plots.
+"""One config over several seeds: mean ± std, the RL gain with intervals over seeds and examples.
 
   python -m rlrag_jax.experiments.seeds --config=configs/arena.py --seeds=0,1,2 --out=DIR \\
       [--parallel=N] [--resamples=2000] [--config.rl.steps=80 ...]
   python -m rlrag_jax.experiments.seeds --config=configs/arena.py --seeds=0,1,2 --out=DIR \\
       --arm k2=--config.rl.kl_estimator=k2 --arm k3=--config.rl.kl_estimator=k3
+  python -m rlrag_jax.experiments.seeds --summarize=DIR/seeds.json [--out=DIR2]
+  python -m rlrag_jax.experiments.seeds --summarize=DIR/seeds.md [--rerun='the command']
 
 Each (arm, seed) is one `python -m rlrag_jax.train` process with `--config.seed=S` and its own
 workdir `DIR/<arm>/seed_<S>` (arm 'main' without --arm); every other `--config.…` flag is passed
@@ -14,12 +16,17 @@ run resumes from its checkpoints (`--resume`).
 
 Outputs:
   DIR/seeds.json  per arm and seed: warm-up (before RL) and after-RL metrics, wall minutes,
-                  per-example correctness (the trainer's eval_rows.json), and the summary below;
+                  per-example correctness (the trainer's eval_rows.json), the plotted curves,
+                  and the summary below;
   DIR/seeds.md    per metric: warm-up and after-RL mean ± std over seeds, the gain (after - before)
-                  with its std over seeds, and a paired bootstrap 95% interval of the mean gain
-                  over the held-out examples pooled across seeds (each (seed, example) pair is
-                  one unit; resampled with replacement `--resamples` times). With two arms, also
-                  the after-RL difference B - A, paired on (seed, example);
+                  with its std over seeds, and three 95% intervals of the mean gain
+                  (`rlrag_jax.metrics`, `--resamples` bootstrap resamples): pooled, a paired
+                  bootstrap with each (seed, example) pair one unit (leaves out seed-to-seed
+                  variance); hierarchical, seeds resampled, then examples within each drawn
+                  seed; t, Student-t over the per-seed mean gains. 'vs 0' says whether both
+                  seed-aware intervals exclude 0 (with 3 seeds the hierarchical one cannot leave
+                  the per-seed range). With two arms, also the after-RL difference B - A, paired
+                  on (seed, example), with the same intervals;
   DIR/seeds.png   each metric's curve over training steps per seed (thin), the mean bold.
                   `--plot` picks them: evaluation metrics, or any RL training metric (kl,
                   reward/total, vf/explained_variance, ...).
@@ -28,12 +35,18 @@ With `--contrast=top2_map-map,...`, seeds.md also compares two metrics of the sa
 With `--curves=kl,reward/total,...`, seeds.md also summarises those training curves per arm: the
 mean over the last quarter of RL steps and the std of the step-to-step changes (smoothness),
 mean ± std over seeds.
+
+`--summarize=DIR/seeds.json` runs nothing: it recomputes the summary from the per-example rows
+the file holds and writes DIR/seeds.json and seeds.md again (seeds.png too when the file holds the
+curves). `--summarize=DIR/seeds.md`, for a committed table whose seeds.json was not kept, adds a
+section of Student-t intervals over seeds computed from its mean ± std rows.
 """
 from __future__ import annotations
 
 import concurrent.futures
 import json
 import pathlib
+import re
 import shlex
 import subprocess
 import sys
@@ -42,30 +55,14 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+# The intervals live in rlrag_jax.metrics; re-exported for callers that import them from here.
+from rlrag_jax.metrics import (claim, hierarchical_bootstrap, mean_std, paired_bootstrap,  # pylint: disable=unused-import
+                               seed_intervals, t_interval, t_interval_from_moments)
+
 METRICS = ("em", "f1", "format", "relevance", "accuracy", "rc", "reward")
 
 
 # ------------------------------------------------------------------------------- statistics
-def paired_bootstrap(diffs: Sequence[float], resamples: int = 2000, seed: int = 0,
-                     level: float = 0.95) -> tuple:
-  """(mean, low, high): the mean of paired differences and its percentile bootstrap interval."""
-  d = np.asarray(diffs, np.float64)
-  if d.size == 0:
-    return float("nan"), float("nan"), float("nan")
-  rng = np.random.default_rng(seed)
-  idx = rng.integers(0, d.size, size=(resamples, d.size))
-  means = d[idx].mean(axis=1)
-  tail = (1 - level) / 2 * 100
-  return float(d.mean()), float(np.percentile(means, tail)), float(np.percentile(means,
-                                                                                100 - tail))
-
-
-def mean_std(values: Sequence[float]) -> tuple:
-  """(mean, sample std with ddof=1; 0 for one value)."""
-  v = np.asarray(values, np.float64)
-  return float(v.mean()), float(v.std(ddof=1)) if v.size > 1 else 0.0
-
-
 def pair_rows(rows_a: Sequence[dict], rows_b: Sequence[dict], metric: str) -> list:
   """b - a per example id present in both (the same held-out example under two runs)."""
   a = {r["id"]: r[metric] for r in rows_a if metric in r}
@@ -174,12 +171,13 @@ def summarise(runs: dict, resamples: int = 2000) -> dict:
       if with_before:
         before = [by_seed[s]["before"][m] for s in with_before]
         gains = [by_seed[s]["after"][m] - by_seed[s]["before"][m] for s in with_before]
-        diffs = [d for s in with_before for d in pair_rows(by_seed[s]["rows"]["before"],
-                                                           by_seed[s]["rows"]["after"], m)]
+        iv = seed_intervals([pair_rows(by_seed[s]["rows"]["before"], by_seed[s]["rows"]["after"],
+                                       m) for s in with_before], resamples)
         entry.update(before=mean_std(before), before_per_seed=before, gain=mean_std(gains),
-                     gain_per_seed=gains, gain_ci=paired_bootstrap(diffs, resamples),
+                     gain_per_seed=gains, gain_ci=iv["pooled"], gain_ci_hier=iv["hierarchical"],
+                     gain_ci_t=iv["t"], gain_claim=iv["claim"],
                      gain_all_seeds_positive=bool(all(g > 0 for g in gains)),
-                     paired_examples=len(diffs))
+                     paired_examples=iv["pairs"])
       stats[m] = entry
     minutes = [by_seed[s]["minutes"] for s in seeds if by_seed[s].get("minutes") is not None]
     out["arms"][arm] = {"seeds": seeds, "metrics": stats,
@@ -189,14 +187,15 @@ def summarise(runs: dict, resamples: int = 2000) -> dict:
     a, b = arms
     common = sorted(set(runs[a]) & set(runs[b]))
     for m in names:
-      diffs = [d for s in common for d in pair_rows(runs[a][s]["rows"]["after"],
-                                                    runs[b][s]["rows"]["after"], m)]
+      iv = seed_intervals([pair_rows(runs[a][s]["rows"]["after"], runs[b][s]["rows"]["after"], m)
+                           for s in common], resamples)
       per_seed = [runs[b][s]["after"][m] - runs[a][s]["after"][m] for s in common
                   if m in runs[a][s]["after"] and m in runs[b][s]["after"]]
       if per_seed:
         out["comparison"][m] = {"arms": [a, b], "diff": mean_std(per_seed),
-                                "diff_per_seed": per_seed,
-                                "diff_ci": paired_bootstrap(diffs, resamples)}
+                                "diff_per_seed": per_seed, "diff_ci": iv["pooled"],
+                                "diff_ci_hier": iv["hierarchical"], "diff_ci_t": iv["t"],
+                                "diff_claim": iv["claim"], "paired_examples": iv["pairs"]}
   return out
 
 
@@ -216,25 +215,49 @@ def contrasts(runs: dict, pairs: Sequence[str], resamples: int = 2000) -> dict:
         if not have:
           continue
         per_seed = [by_seed[s][point][a] - by_seed[s][point][b] for s in have]
-        diffs = [float(r[a]) - float(r[b]) for s in have for r in by_seed[s]["rows"][point]
-                 if a in r and b in r]
+        iv = seed_intervals([[float(r[a]) - float(r[b]) for r in by_seed[s]["rows"][point]
+                              if a in r and b in r] for s in have], resamples)
         out.setdefault(spec, {}).setdefault(arm, {})[point] = {
-            "diff": mean_std(per_seed), "diff_per_seed": per_seed,
-            "diff_ci": paired_bootstrap(diffs, resamples), "paired_examples": len(diffs)}
+            "diff": mean_std(per_seed), "diff_per_seed": per_seed, "diff_ci": iv["pooled"],
+            "diff_ci_hier": iv["hierarchical"], "diff_ci_t": iv["t"], "diff_claim": iv["claim"],
+            "paired_examples": iv["pairs"]}
   return out
+
+
+INTERVALS_NOTE = (
+    "Intervals (95%) of a mean difference over seeds and held-out examples: *pooled*, a paired "
+    "bootstrap with every (seed, example) pair one unit, which leaves out seed-to-seed variance; "
+    "*hierarchical*, a bootstrap that resamples seeds, then examples within each drawn seed; *t*, "
+    "a Student-t interval over the per-seed means (df = seeds - 1). With few seeds the "
+    "hierarchical interval cannot leave the range of the per-seed means and is too narrow, so "
+    "the *vs 0* column reads '> 0' or '< 0' only when both the hierarchical and the t interval "
+    "exclude 0.")
+SEED_AWARE_HEAD = "hierarchical bootstrap 95% CI | t 95% CI over seeds | vs 0 (both) |"
+
+
+def _ci(iv) -> str:
+  if iv is None or not np.isfinite(iv[1]):
+    return "–"
+  return f"[{iv[1]:+.3f}, {iv[2]:+.3f}]"
+
+
+def _seed_aware(e: dict, key: str) -> str:
+  """The hierarchical and t cells and the claim of a summary entry ('gain' or 'diff')."""
+  return (f"{_ci(e.get(f'{key}_ci_hier'))} | {_ci(e.get(f'{key}_ci_t'))} | "
+          f"{e.get(f'{key}_claim', '–')} |")
 
 
 def contrasts_markdown(con: dict, before: str, after: str) -> str:
   lines = ["## Metric contrasts (A - B within each evaluation, paired on seed and example)", "",
-           "| A - B | arm | point | mean ± std over seeds | paired bootstrap 95% CI |",
-           "|---|---|---|---|---|"]
+           "| A - B | arm | point | mean ± std over seeds | pooled bootstrap 95% CI | "
+           + SEED_AWARE_HEAD, "|---|---|---|---|---|---|---|---|"]
   for spec, by_arm in con.items():
     for arm, by_point in by_arm.items():
       for point, e in by_point.items():
-        ci = e["diff_ci"]
         name = _point_name(before if point == "before" else after)
         lines.append(f"| {spec} | {arm} | {name} | {_pm(e['diff'])} | "
-                     f"[{ci[1]:+.3f}, {ci[2]:+.3f}] ({e['paired_examples']} pairs) |")
+                     f"{_ci(e['diff_ci'])} ({e['paired_examples']} pairs) | "
+                     + _seed_aware(e, "diff"))
   return "\n".join(lines + [""])
 
 
@@ -252,7 +275,7 @@ def _point_name(point: str) -> str:
 
 def write_markdown(summary: dict, path: pathlib.Path, title: str, before: str = "warmup",
                    after: str = "final") -> str:
-  lines = [f"# {title}", ""]
+  lines = [f"# {title}", "", INTERVALS_NOTE, ""]
   for arm, st in summary["arms"].items():
     # runs without RL (SFT only) have no warm-up point: their final evaluation is "final"
     after_name = (_point_name(after) if after != "final" or
@@ -260,25 +283,25 @@ def write_markdown(summary: dict, path: pathlib.Path, title: str, before: str = 
     lines += [f"## {arm}: seeds {', '.join(map(str, st['seeds']))}"
               + (f"; {_pm(st['minutes'])} min per seed" if st["minutes"] else ""), "",
               f"| metric | {_point_name(before)} | {after_name} | gain (after - before) | "
-              "paired bootstrap 95% CI of the gain | gain > 0 on every seed |",
-              "|---|---|---|---|---|---|"]
+              "pooled bootstrap 95% CI of the gain | " + SEED_AWARE_HEAD
+              + " gain > 0 on every seed |", "|---|---|---|---|---|---|---|---|---|"]
     for m, e in st["metrics"].items():
       if "gain" in e:
-        ci = e["gain_ci"]
         lines.append(f"| {m} | {_pm(e['before'])} | {_pm(e['after'])} | {_pm(e['gain'])} | "
-                     f"[{ci[1]:+.3f}, {ci[2]:+.3f}] ({e['paired_examples']} pairs) | "
-                     f"{'yes' if e['gain_all_seeds_positive'] else 'no'} |")
+                     f"{_ci(e['gain_ci'])} ({e['paired_examples']} pairs) | "
+                     + _seed_aware(e, "gain")
+                     + f" {'yes' if e['gain_all_seeds_positive'] else 'no'} |")
       else:
-        lines.append(f"| {m} | – | {_pm(e['after'])} | – | – | – |")
+        lines.append(f"| {m} | – | {_pm(e['after'])} | – | – | – | – | – | – |")
     lines.append("")
   if summary["comparison"]:
     a, b = next(iter(summary["comparison"].values()))["arms"]
     lines += [f"## {b} - {a} (after RL, paired on seed and example)", "",
-              "| metric | difference, mean ± std over seeds | paired bootstrap 95% CI |",
-              "|---|---|---|"]
+              "| metric | difference, mean ± std over seeds | pooled bootstrap 95% CI | "
+              + SEED_AWARE_HEAD, "|---|---|---|---|---|---|"]
     for m, e in summary["comparison"].items():
-      ci = e["diff_ci"]
-      lines.append(f"| {m} | {_pm(e['diff'])} | [{ci[1]:+.3f}, {ci[2]:+.3f}] |")
+      lines.append(f"| {m} | {_pm(e['diff'])} | {_ci(e['diff_ci'])} | "
+                   + _seed_aware(e, "diff"))
     lines.append("")
   if summary.get("contrasts"):
     lines.append(contrasts_markdown(summary["contrasts"], before, after))
@@ -289,19 +312,32 @@ def write_markdown(summary: dict, path: pathlib.Path, title: str, before: str = 
   return text
 
 
+def curve_series(workdirs: dict, metrics: Sequence[str]) -> dict:
+  """{arm: {seed: workdir}} -> {arm: {seed: {metric: [steps, values]}}}: the curves seeds.png
+  draws (`_curve`), kept in seeds.json so that `--summarize` can redraw them."""
+  return {arm: {str(seed): {m: list(_curve(wd, m)) for m in metrics}
+                for seed, wd in sorted(by_seed.items())}
+          for arm, by_seed in workdirs.items()}
+
+
 def plot_curves(workdirs: dict, path: pathlib.Path, metrics=("em", "f1", "format", "relevance",
                                                               "reward/total")) -> None:
   """Per metric, one thin line per (arm, seed) over steps and the arm's mean in bold."""
+  plot_series(curve_series(workdirs, metrics), path, metrics)
+
+
+def plot_series(series: dict, path: pathlib.Path, metrics: Sequence[str]) -> None:
+  """`plot_curves` from `curve_series` output."""
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
   fig, axes = plt.subplots(1, len(metrics), figsize=(4.2 * len(metrics), 3.4))
   colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
   for ax, m in zip(np.atleast_1d(axes), metrics):
-    for k, (arm, by_seed) in enumerate(workdirs.items()):
+    for k, (arm, by_seed) in enumerate(series.items()):
       curves = []
-      for seed, wd in sorted(by_seed.items()):
-        xs, ys = _curve(wd, m)
+      for seed in sorted(by_seed, key=int):
+        xs, ys = by_seed[seed].get(m, ([], []))
         if xs:
           ax.plot(xs, ys, color=colours[k % len(colours)], lw=0.8, alpha=0.45)
           curves.append(dict(zip(xs, ys)))
@@ -369,21 +405,140 @@ def curves_markdown(curves: dict) -> str:
   return "\n".join(lines + [""])
 
 
+# ------------------------------------------------------------------------------- re-summarising
+def title(config: str, seeds: Sequence[int], overrides: Sequence[str]) -> str:
+  return (f"{config} over seeds {','.join(map(str, seeds))}"
+          + (f" ({' '.join(overrides)})" if overrides else ""))
+
+
+def write_outputs(record: dict, out: pathlib.Path, name: str) -> str:
+  """DIR/<name>.json (the record: config, arms, seeds, points, runs with their per-example rows,
+  the plotted curves, the summary) and DIR/<name>.md; returns the markdown."""
+  (out / f"{name}.json").write_text(json.dumps(record, indent=1))
+  before, after = record["points"]
+  return write_markdown(record["summary"], out / f"{name}.md",
+                        title(record["config"], record["seeds"], record["overrides"]),
+                        before, after)
+
+
+def resummarise(source: pathlib.Path, out: pathlib.Path, name: str,
+                resamples: int = 2000) -> str:
+  """Recomputes a seeds.json's summary (every interval) from the per-example rows it holds and
+  writes DIR/<name>.json and .md, without rerunning anything. The contrasts are the ones the
+  record names (or its summary holds); training-curve statistics (--curves) need the runs'
+  metrics.jsonl and are carried over as they were. seeds.png is redrawn when the record holds
+  the plotted curves (written since this function exists); otherwise it is left alone."""
+  record = json.loads(source.read_text())
+  runs = {arm: {int(s): r for s, r in by.items()} for arm, by in record["runs"].items()}
+  old = record.get("summary", {})
+  summary = summarise(runs, resamples)
+  pairs = record.get("contrast") or list(old.get("contrasts", {}))
+  if pairs:
+    summary["contrasts"] = contrasts(runs, pairs, resamples)
+    record["contrast"] = pairs
+  if old.get("curves"):
+    summary["curves"] = old["curves"]
+  record["summary"] = summary
+  out.mkdir(parents=True, exist_ok=True)
+  text = write_outputs(record, out, name)
+  if record.get("plot"):
+    plot_series(record["plot"]["series"], out / f"{name}.png", record["plot"]["metrics"])
+  return text
+
+
+SEED_LEVEL_HEADING = "## Seed-level intervals (the per-example raw was not committed)"
+_MEAN_SD = re.compile(r"^(-?\d+\.\d+) ± (\d+\.\d+)$")
+
+
+def seed_level_section(text: str, rerun: str = "") -> str:
+  """For a committed seeds.md whose per-example rows were not kept: a Student-t 95% interval
+  over seeds of every gain, arm difference and contrast row, from the row's mean ± std over
+  seeds (sample std) and the seed count of its arm's heading. The markdown rounds both to 3
+  decimals, so an end can be off by up to 0.0005 · (1 + t / sqrt(n)); 'vs 0' reads '> 0' or
+  '< 0' only when the interval clears 0 by more than that."""
+  rows, seeds, mode, arm = [], {}, None, None
+  for line in text.split(SEED_LEVEL_HEADING)[0].splitlines():
+    heading = re.match(r"^## (\S+): seeds ([\d, ]+)", line)
+    if heading:
+      mode, arm = "gain", heading.group(1)
+      seeds[arm] = len([x for x in heading.group(2).split(",") if x.strip()])
+      continue
+    if line.startswith("## "):
+      mode = ("contrast" if line.startswith("## Metric contrasts") else
+              "comparison" if "(after RL, paired on seed and example)" in line else None)
+      arm = line[3:].split(" (")[0] if mode == "comparison" else None
+      continue
+    cells = [c.strip() for c in line.strip().strip("|").split("|")]
+    if not line.startswith("| ") or len(cells) < 3 or cells[0] in ("metric", "A - B"):
+      continue
+    if mode == "gain" and len(cells) > 4:
+      label, n, ms, pooled = (arm, cells[0]), seeds[arm], cells[3], cells[4]
+    elif mode == "comparison" and len(cells) > 2:
+      label, n, ms, pooled = (arm, cells[0]), min(seeds.values()), cells[1], cells[2]
+    elif mode == "contrast" and len(cells) > 4:
+      label = (f"{cells[1]}, {cells[2]}", cells[0])
+      n, ms, pooled = seeds.get(cells[1], 0), cells[3], cells[4]
+    else:
+      continue
+    m = _MEAN_SD.match(ms)
+    if m is None or n < 2:
+      continue
+    mean, sd = float(m.group(1)), float(m.group(2))
+    _, lo, hi = t_interval_from_moments(mean, sd, n)
+    tol = 0.0005 * (1 + t_interval_from_moments(0.0, 1.0, n)[2])   # t / sqrt(n) for std 1
+    verdict = "> 0" if lo - tol > 0 else "< 0" if hi + tol < 0 else "includes 0"
+    rows.append(f"| {label[0]} | {label[1]} | {ms} | {n} | {pooled.split(' (')[0]} | "
+                f"[{lo:+.3f}, {hi:+.3f}] | {verdict} |")
+  lines = [SEED_LEVEL_HEADING, "",
+           "These runs' per-example rows (seeds.json) were not committed, so the hierarchical "
+           "bootstrap (seeds, then examples within a seed) cannot be computed for this table. "
+           "What its text allows: a Student-t 95% interval over the per-seed values, from each "
+           "row's mean ± std over seeds above (sample std; mean ± t_{0.975, n-1} · std / "
+           "sqrt(n), n seeds). The table rounds both to 3 decimals, so an end may be off by up "
+           "to 0.0005 · (1 + t / sqrt(n)), 0.0017 at 3 seeds; 'vs 0' reads '> 0' or '< 0' only "
+           "when the interval clears 0 by more than that. The pooled interval beside it leaves "
+           "out seed-to-seed variance. Computed by `python -m rlrag_jax.experiments.seeds "
+           "--summarize=<this file>`."]
+  if rerun:
+    lines += ["", "Regenerate the table with its per-example raw (the command writes seeds.json, "
+              "the rows all three intervals need, beside seeds.md; commit both): "
+              f"`{rerun}`"]
+  lines += [""]
+  if rows:
+    lines += ["| table | row | mean ± std over seeds | seeds | pooled bootstrap 95% CI | "
+              "t 95% CI over seeds | vs 0 |", "|---|---|---|---|---|---|---|"] + rows + [""]
+  else:
+    lines += ["This table has no gain, arm difference or contrast: no interval applies.", ""]
+  return "\n".join(lines)
+
+
+def annotate_markdown(source: pathlib.Path, out: pathlib.Path, rerun: str = "") -> str:
+  """Writes DIR/<source name>: the committed markdown with its seed-level section (replacing
+  an earlier one). Returns the section."""
+  text = source.read_text()
+  section = seed_level_section(text, rerun)
+  body = text.split(SEED_LEVEL_HEADING)[0].rstrip("\n")
+  out.mkdir(parents=True, exist_ok=True)
+  (out / source.name).write_text(body + "\n\n" + section)
+  return section
+
+
 # ------------------------------------------------------------------------------- CLI
 def main(argv: Optional[Sequence[str]] = None) -> int:
   import argparse
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  parser.add_argument("--config", required=True)
+  parser.add_argument("--config", help="the config file (required unless --summarize)")
   parser.add_argument("--seeds", default="0,1,2")
-  parser.add_argument("--out", required=True)
+  parser.add_argument("--out", help="output directory (default with --summarize: the source's)")
   parser.add_argument("--parallel", type=int, default=1)
   parser.add_argument("--resamples", type=int, default=2000)
   parser.add_argument("--before", default="warmup", help="the baseline point: " + POINTS_HELP)
   parser.add_argument("--after", default="final", help="the compared point: " + POINTS_HELP)
   parser.add_argument("--plot", default="em,f1,format,relevance,reward/total",
                       help="comma-separated metrics to plot (eval metrics or reward/… curves)")
-  parser.add_argument("--name", default="seeds",
-                      help="output stem: DIR/<name>.json, .md, .png (e.g. one per pair of points)")
+  parser.add_argument("--name", default=None,
+                      help="output stem: DIR/<name>.json, .md, .png (e.g. one per pair of points; "
+                      "default 'seeds', with --summarize the source's stem)")
   parser.add_argument("--curves", default="",
                       help="comma-separated training metrics (e.g. kl,reward/total) summarised per "
                       "arm by their last-quarter mean and the std of their step-to-step changes")
@@ -392,11 +547,34 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                       "top2_map-map): their difference with a paired bootstrap interval")
   parser.add_argument("--arm", action="append", default=[],
                       help="NAME=FLAGS: a comparison arm (give two); FLAGS are train flags")
+  parser.add_argument("--summarize", metavar="FILE", default=None,
+                      help="run nothing: FILE.json (a seeds.json) is summarised again from its "
+                      "per-example rows into DIR/<name>.json, .md (and .png when it holds the "
+                      "curves); FILE.md (a committed table without its seeds.json) gets the "
+                      "seed-level t intervals its mean ± std rows allow, as a section")
+  parser.add_argument("--rerun", default="",
+                      help="with --summarize=FILE.md: the command that regenerates the table "
+                      "with its per-example raw, quoted in the section")
   args, passthrough = parser.parse_known_args(argv)
   bad = [f for f in passthrough if not f.startswith("--config.")]
   if bad:
     parser.error(f"unrecognised arguments {bad}: only --config.<key>=<value> overrides pass "
                  "through to the training runs")
+  if args.summarize:
+    source = pathlib.Path(args.summarize)
+    if not source.exists():
+      parser.error(f"--summarize={source}: no such file")
+    out = pathlib.Path(args.out) if args.out else source.parent
+    if source.suffix == ".json":
+      print(resummarise(source, out, args.name or source.stem, args.resamples))
+    elif source.suffix == ".md":
+      print(annotate_markdown(source, out, args.rerun))
+    else:
+      parser.error(f"--summarize={source}: expected a seeds .json or .md")
+    return 0
+  if not args.config or not args.out:
+    parser.error("--config and --out are required (unless --summarize)")
+  name = args.name or "seeds"
   try:
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
   except ValueError:
@@ -405,10 +583,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   if args.arm:
     arms = {}
     for spec in args.arm:
-      name, sep, flags = spec.partition("=")
-      if not sep or not name:
+      arm, sep, flags = spec.partition("=")
+      if not sep or not arm:
         parser.error(f"--arm {spec!r}: expected NAME=FLAGS")
-      arms[name] = shlex.split(flags)
+      arms[arm] = shlex.split(flags)
   out = pathlib.Path(args.out)
   out.mkdir(parents=True, exist_ok=True)
   jobs = [(arm, s, run_dir(out, arm, s),
@@ -422,24 +600,22 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   runs = {arm: {s: load_run(run_dir(out, arm, s), args.before, args.after) for s in seeds
                 if is_done(run_dir(out, arm, s))}
           for arm in arms}
+  pairs = [c for c in args.contrast.split(",") if c]
   summary = summarise(runs, args.resamples)
-  if args.contrast:
-    summary["contrasts"] = contrasts(runs, [c for c in args.contrast.split(",") if c],
-                                     args.resamples)
+  if pairs:
+    summary["contrasts"] = contrasts(runs, pairs, args.resamples)
   if args.curves:
     summary["curves"] = summarise_curves(
         {a: {s: run_dir(out, a, s) for s in runs[a]} for a in arms},
         [m for m in args.curves.split(",") if m])
-  (out / f"{args.name}.json").write_text(json.dumps(
-      {"config": args.config, "overrides": passthrough, "arms": {a: f for a, f in arms.items()},
-       "seeds": seeds, "points": [args.before, args.after], "runs": {a: {str(s): r for s, r in by.items()} for a, by in runs.items()},
-       "summary": summary}, indent=1))
-  print(write_markdown(summary, out / f"{args.name}.md",
-                       f"{args.config} over seeds {args.seeds}"
-                       + (f" ({' '.join(passthrough)})" if passthrough else ""),
-                       args.before, args.after))
-  plot_curves({a: {s: run_dir(out, a, s) for s in seeds} for a in arms}, out / f"{args.name}.png",
-              metrics=args.plot.split(","))
+  plotted = args.plot.split(",")
+  series = curve_series({a: {s: run_dir(out, a, s) for s in seeds} for a in arms}, plotted)
+  record = {"config": args.config, "overrides": passthrough, "arms": dict(arms), "seeds": seeds,
+            "points": [args.before, args.after], "contrast": pairs,
+            "runs": {a: {str(s): r for s, r in by.items()} for a, by in runs.items()},
+            "plot": {"metrics": plotted, "series": series}, "summary": summary}
+  print(write_outputs(record, out, name))
+  plot_series(series, out / f"{name}.png", plotted)
   return 1 if failed else 0
 
 

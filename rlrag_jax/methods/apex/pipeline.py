@@ -290,9 +290,10 @@ def format_report(result: dict) -> str:
 
 # ------------------------------------------------------------------------------ over seeds
 def aggregate(dirs, out, resamples: int = 2000) -> dict:
-  """Mean ± std over seeds per cell, and paired bootstrap intervals (over (seed, question)
-  pairs) of plan_rl - naive_rag, plan_rl - no_planning and plan_rl - plan_sft."""
-  from rlrag_jax.experiments.seeds import paired_bootstrap
+  """Mean ± std over seeds per cell, and intervals of the EM differences plan_rl - naive_rag,
+  plan_rl - no_planning, plan_rl - plan_sft and gold_plan - plan_rl, paired on (seed, question):
+  pooled, hierarchical and t over seeds (`rlrag_jax.metrics.seed_intervals`)."""
+  from rlrag_jax.metrics import seed_intervals
   runs = [json.loads((pathlib.Path(d) / "summary.json").read_text()) for d in dirs]
   cells = sorted({c for r in runs for c in r["cells"]})
   table = {}
@@ -304,12 +305,12 @@ def aggregate(dirs, out, resamples: int = 2000) -> dict:
   for a, b in (("plan_rl", "naive_rag"), ("plan_rl", "no_planning"), ("plan_rl", "plan_sft"),
                ("gold_plan", "plan_rl")):
     ca, cb = f"{a}/exec_sft_on", f"{b}/exec_sft_on"
-    d = [x - y for r in runs if ca in r["per_question_em"] and cb in r["per_question_em"]
-         for x, y in zip(r["per_question_em"][ca], r["per_question_em"][cb])]
-    per_seed = [float(np.mean(r["per_question_em"][ca]) - np.mean(r["per_question_em"][cb]))
-                for r in runs if ca in r["per_question_em"] and cb in r["per_question_em"]]
-    if d:
-      diffs[f"{a} - {b}"] = {"ci": paired_bootstrap(d, resamples), "per_seed": per_seed}
+    both = [r["per_question_em"] for r in runs
+            if ca in r["per_question_em"] and cb in r["per_question_em"]]
+    if both:
+      iv = seed_intervals([[x - y for x, y in zip(q[ca], q[cb])] for q in both], resamples)
+      diffs[f"{a} - {b}"] = {"ci": iv["pooled"], "ci_hier": iv["hierarchical"], "ci_t": iv["t"],
+                             "claim": iv["claim"], "per_seed": iv["per_seed"]}
   lines = [f"APEX pipeline over {len(runs)} seeds ({', '.join(map(str, dirs))})", "",
            "| cell | EM | F1 | retrievals | plan SEPR |", "|---|---|---|---|---|"]
   fmt = lambda t: f"{t[0]:.3f} ± {t[1]:.3f}" if t else ""
@@ -317,10 +318,14 @@ def aggregate(dirs, out, resamples: int = 2000) -> dict:
     t = table[c]
     lines.append(f"| {c} | {fmt(t.get('em'))} | {fmt(t.get('f1'))} | "
                  f"{fmt(t.get('retrievals'))} | {fmt(t.get('sepr'))} |")
-  lines += ["", "EM differences, paired on (seed, question), bootstrap 95% interval:", ""]
+  lines += ["", "EM differences, paired on (seed, question), 95% intervals: pooled (a bootstrap "
+            "with every (seed, question) pair one unit: no seed-to-seed variance), hierarchical "
+            "(seeds, then questions within a seed), t over the per-seed differences; 'vs 0' "
+            "reads '> 0' or '< 0' only when both seed-aware intervals exclude 0:", ""]
+  ci = lambda t: f"[{t[1]:+.3f}, {t[2]:+.3f}]" if np.isfinite(t[1]) else "–"
   for k, v in diffs.items():
-    m, lo, hi = v["ci"]
-    lines.append(f"- {k}: {m:+.3f} [{lo:+.3f}, {hi:+.3f}]; per seed "
+    lines.append(f"- {k}: {v['ci'][0]:+.3f}; pooled {ci(v['ci'])}, hierarchical "
+                 f"{ci(v['ci_hier'])}, t {ci(v['ci_t'])} (vs 0: {v['claim']}); per seed "
                  + ", ".join(f"{x:+.3f}" for x in v["per_seed"]))
   text = "\n".join(lines) + "\n"
   out = pathlib.Path(out)
