@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rlrag_jax import runlog
 from rlrag_jax.data.pipeline import BatchIterator
 from rlrag_jax.models import sharding
 from rlrag_jax.rollout.batch import (logits_start, pack, pack_micro_batch, packed_lengths,
@@ -230,7 +231,7 @@ class RLStage:
     run.rlog.write(run.step, "eval", mid["all"])
     # Per-example rows of this evaluation too (paired comparisons against a mid-run point,
     # e.g. the end of a reward stage): eval_rows_rl<k>.json, k = RL steps done.
-    (run.workdir / f"eval_rows_rl{done}.json").write_text(json.dumps(
+    runlog.write_atomic(run.workdir / f"eval_rows_rl{done}.json", json.dumps(
         {"all": mid["all"], "rows": report.slim(mid["rows"])}))
     if run.config.checkpoint.every and run.step % run.config.checkpoint.every == 0:
       run.save("rl")
