@@ -10,19 +10,27 @@ Restoring takes a target (a TrainState of arrays or of jax.ShapeDtypeStructs wit
 `rl.abstract_train_state`), so a state saved on one mesh restores onto the target's shardings.
 Without a target the arrays come back as saved (same device layout needed). Saves are
 asynchronous by default; `wait()` blocks until the last one is on disk.
+
+Restoring the latest step falls back to the newest step that restores when newer ones do not
+(a file truncated or lost after the save), with a warning naming each skipped step and why.
+With `set_aside_corrupt` (the trainer's resume, which saves those step numbers again) a skipped
+step's folder is renamed `<step>.corrupt`, which Orbax ignores; nothing is deleted.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
-from typing import Any, Optional
+from typing import Any, Callable, Optional, Union
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
 _ITEMS = ("state", "meta", "config")
+
+log = logging.getLogger("rlrag_jax.checkpoint")
 
 
 @dataclasses.dataclass
@@ -107,17 +115,51 @@ class CheckpointManager:
                               config=ocp.args.JsonSave(_jsonable(config) or {}))
     return self._mgr.save(int(step), args=args, force=force)
 
-  def restore(self, target=None, step: Optional[int] = None) -> Restored:
-    """Restores `step` (default: the latest) onto `target`'s structure, dtypes and shardings
-    (without a target: as saved)."""
+  def restore(self, target: Union[Any, Callable[[dict], Any]] = None,
+              step: Optional[int] = None, *, set_aside_corrupt: bool = False) -> Restored:
+    """Restores `step` onto `target`'s structure, dtypes and shardings (without a target: as
+    saved). `target` may be a function of the step's extra meta fields (`read_meta`) that
+    returns the target, e.g. one whose shape depends on the saved training stage.
+
+    Without `step`: the latest step that restores. A newer step that fails (a corrupt or
+    missing file) is skipped with a warning naming the step and the error, and with
+    `set_aside_corrupt` its folder is renamed `<step>.corrupt`. When no step restores, the
+    error names each step's failure (and nothing is renamed: the same failure at every step is
+    a wrong target, not corruption).
+    """
     self.wait()
-    if step is None:
-      step = self._mgr.latest_step()
-      if step is None:
-        raise FileNotFoundError(f"no checkpoint to restore under {self.directory}")
-    if step not in self._mgr.all_steps():
-      raise FileNotFoundError(f"no checkpoint for step {step} under {self.directory}; found "
-                              f"steps {sorted(self._mgr.all_steps())}")
+    if step is not None:
+      if step not in self._mgr.all_steps():
+        raise FileNotFoundError(f"no checkpoint for step {step} under {self.directory}; found "
+                                f"steps {sorted(self._mgr.all_steps())}")
+      return self._restore(step, target)
+    steps = sorted(self._mgr.all_steps(), reverse=True)
+    if not steps:
+      raise FileNotFoundError(f"no checkpoint to restore under {self.directory}")
+    failed = []
+    for s in steps:
+      try:
+        restored = self._restore(s, target)
+      except Exception as e:                # pylint: disable=broad-except  # any failure: next
+        failed.append((s, e))
+        continue
+      for bad, e in failed:
+        where = ""
+        if set_aside_corrupt:
+          where = f"; its folder is set aside as {self._set_aside(bad)}"
+        log.warning("checkpoint step %d under %s does not restore (%s: %s); restored step %d "
+                    "instead%s", bad, self.directory, type(e).__name__, _first_line(e), s,
+                    where)
+      if failed and set_aside_corrupt:
+        self._mgr.reload()
+      return restored
+    reasons = "; ".join(f"step {s}: {type(e).__name__}: {_first_line(e)}" for s, e in failed)
+    raise RuntimeError(f"no checkpoint under {self.directory} restores: {reasons}") \
+        from failed[0][1]
+
+  def _restore(self, step: int, target) -> Restored:
+    if callable(target):
+      target = target(self.read_meta(step))
     item = None if target is None else abstract_like(target)
     args = ocp.args.Composite(state=ocp.args.StandardRestore(item),
                               meta=ocp.args.JsonRestore(), config=ocp.args.JsonRestore())
@@ -137,8 +179,18 @@ class CheckpointManager:
     out = self._mgr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
     return out["meta"].get("extra", {})
 
-  def restore_latest(self, target=None) -> Restored:
-    return self.restore(target)
+  def restore_latest(self, target=None, *, set_aside_corrupt: bool = False) -> Restored:
+    return self.restore(target, set_aside_corrupt=set_aside_corrupt)
+
+  def _set_aside(self, step: int) -> str:
+    """Renames step `step`'s folder to `<step>.corrupt` (`.corrupt-<k>` when taken); returns
+    the new path. Orbax lists only integer-named folders as steps."""
+    src = os.path.join(self.directory, str(step))
+    dst, k = src + ".corrupt", 1
+    while os.path.exists(dst):
+      dst, k = f"{src}.corrupt-{k}", k + 1
+    os.rename(src, dst)
+    return dst
 
   def latest_step(self) -> Optional[int]:
     return self._mgr.latest_step()
@@ -157,6 +209,12 @@ class CheckpointManager:
 
   def __exit__(self, *exc):
     self.close()
+
+
+def _first_line(e: BaseException, limit: int = 300) -> str:
+  """An exception's first line, shortened: TensorStore errors run to many lines of spec."""
+  text = str(e).strip().splitlines()[0] if str(e).strip() else repr(e)
+  return text if len(text) <= limit else text[:limit] + " ..."
 
 
 def latest_step(directory: str) -> Optional[int]:

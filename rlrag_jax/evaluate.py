@@ -44,7 +44,7 @@ def main(argv):
   rows = [{"split": k, **v} for k, v in result.items() if k == "all" or k.startswith(("hops=", "dataset="))]
   print(runlog.format_table(rows, ["split"] + keys + ["n"], title=f"{config.method} evaluation"))
   if _OUT.value:
-    pathlib.Path(_OUT.value).write_text(json.dumps(
+    runlog.write_atomic(pathlib.Path(_OUT.value), json.dumps(
         {k: v for k, v in result.items() if k != "rows"} | {"rows": result["rows"]}, indent=2))
   return 0
 

@@ -1,12 +1,73 @@
-"""Run logging: metrics to JSONL and TensorBoard event files, curves to PNG, tables to text."""
+"""Run logging: metrics to JSONL and TensorBoard event files, curves to PNG, tables to text;
+the run directory's one atomic file writer (`write_atomic`) and JSONL reader (`read_rows`)."""
 from __future__ import annotations
 
 import json
+import logging
 import math
+import os
 import pathlib
+import uuid
 from typing import Iterable, Mapping, Optional, Sequence
 
 import numpy as np
+
+log = logging.getLogger("rlrag_jax.runlog")
+
+
+def write_atomic(path, text: str) -> pathlib.Path:
+  """Writes `text` to `path` whole or not at all; returns the path.
+
+  The text goes to a temporary file in the same folder, is flushed to disk, and then replaces
+  `path` in one `os.replace`: a reader (or a process killed mid-write) sees the old file or the
+  new one, never a part. When the write raises, the temporary file is removed and `path` is left
+  as it was. Temporary names are unique, so processes writing the same path do not collide.
+  """
+  path = pathlib.Path(path)
+  tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+  try:
+    with open(tmp, "x", encoding="utf-8") as f:
+      f.write(text)
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(tmp, path)
+  except BaseException:
+    tmp.unlink(missing_ok=True)
+    raise
+  return path
+
+
+def read_rows(path) -> list:
+  """The JSON object rows of a JSONL file ([] when it does not exist).
+
+  A last line that does not parse is what a process killed in the middle of appending leaves:
+  it is dropped with a warning naming the file and line. A bad line before the last cannot come
+  from that, so it is an error naming the file and line.
+  """
+  path = pathlib.Path(path)
+  if not path.exists():
+    return []
+  lines = path.read_text().splitlines()
+  last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
+  out = []
+  for i, line in enumerate(lines):
+    if not line.strip():
+      continue
+    try:
+      row = json.loads(line)
+      if not isinstance(row, dict):
+        raise ValueError(f"a JSON {type(row).__name__}, expected an object")
+    except ValueError as e:            # json.JSONDecodeError is a ValueError
+      why = e.msg if isinstance(e, json.JSONDecodeError) else str(e)
+      if i == last:
+        log.warning("%s:%d: dropped a torn last line (%s), left by a process killed while "
+                    "writing it: %.80r", path, i + 1, why, line)
+        continue
+      raise ValueError(f"{path}:{i + 1}: not a JSON row ({why}): {line[:80]!r}; only the last "
+                       "line can be torn by a killed write, so this file was damaged otherwise "
+                       "(fix or remove that line)") from None
+    out.append(row)
+  return out
 
 
 class RunLog:
@@ -35,15 +96,14 @@ class RunLog:
       f.write(json.dumps(row) + "\n")
 
   def rows(self, stage: Optional[str] = None) -> list:
-    if not self.path.exists():
-      return []
-    out = [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
-    return [r for r in out if stage is None or r["stage"] == stage]
+    """The logged rows (of `stage`); a torn last line is dropped with a warning (`read_rows`)."""
+    return [r for r in read_rows(self.path) if stage is None or r["stage"] == stage]
 
   def truncate_after(self, step: int) -> None:
-    """On resume: drop rows logged after the checkpoint we restart from."""
+    """On resume: drop rows logged after the checkpoint we restart from (and a torn last
+    line), rewriting the file atomically."""
     rows = [r for r in self.rows() if r["step"] <= step]
-    self.path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    write_atomic(self.path, "".join(json.dumps(r) + "\n" for r in rows))
 
   def close(self) -> None:
     if self._tb is not None:

@@ -17,7 +17,7 @@ from typing import Any, Optional
 
 import jax
 
-from rlrag_jax import compile_cache, evaluation, runlog
+from rlrag_jax import compile_cache, evaluation, fingerprint, runlog
 from rlrag_jax.models import LM, ModelConfig, hf_io, load_hf, save_hf
 from rlrag_jax.rollout.policy import Policy
 from rlrag_jax.tasks import get_task
@@ -38,11 +38,19 @@ class RunResult:
 
 
 def run(config, *, resume: bool = False, progress: bool = True,
-        stop_after: Optional[int] = None) -> Optional[RunResult]:
+        stop_after: Optional[int] = None, force: bool = False) -> Optional[RunResult]:
   """Trains as `config` says. `stop_after=k` abandons the run right after global step k, without
-  any final save (what a killed process leaves behind: checkpoints up to the last interval)."""
+  any final save (what a killed process leaves behind: checkpoints up to the last interval).
+
+  A workdir that already holds a run of another config (`rlrag_jax.fingerprint`) is a
+  `fingerprint.ConfigMismatch` naming the differing keys, raised before anything is built;
+  `force=True` starts anyway and records that it did in `<workdir>/fingerprint.json`.
+  """
+  identity = fingerprint.verify(config.workdir, config, force=force)
   _enable_compile_cache(config)             # before _setup: building the model compiles
   r = _setup(config, stop_after)
+  if jax.process_index() == 0:              # after _setup: a start that fails there is no run
+    fingerprint.record(r.workdir, identity, resume=resume)
   if resume:
     r.resume()
   if r.state is None:
@@ -100,7 +108,6 @@ def _setup(config, stop_after) -> stages.Run:
         process_id=None if config.distributed.process_id < 0 else config.distributed.process_id)
   workdir = pathlib.Path(config.workdir)
   workdir.mkdir(parents=True, exist_ok=True)
-  (workdir / "config.json").write_text(config.to_json_best_effort(indent=2))
   spec = config.model.get("train_config", "")
   if config.model.init == "hf" and spec and not aux_models.trained(config.model.path):
     # The policy starts from a run that its own config trains once (as models.* do).

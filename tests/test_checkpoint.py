@@ -128,6 +128,49 @@ def test_resume_equals_uninterrupted(tmp_path, setup):
   _leaves_equal(jax.device_get(state), straight)
 
 
+def _truncate_largest_state_file(step_dir):
+  """A half-lost write: the biggest array-data file of a step cut to 100 bytes."""
+  files = [os.path.join(root, f) for root, _, names in os.walk(os.path.join(step_dir, "state"))
+           for f in names if os.sep + "d" + os.sep in os.path.join(root, f) + os.sep]
+  with open(max(files, key=os.path.getsize), "r+b") as f:
+    f.truncate(100)
+
+
+def test_a_corrupt_latest_step_falls_back_to_the_newest_intact_one(tmp_path, caplog):
+  items = {"w": np.arange(1000, dtype=np.float32), "b": np.ones(3, np.float32)}
+  with checkpoint.CheckpointManager(tmp_path, max_to_keep=3) as mgr:
+    for s in (1, 2, 3):
+      mgr.save(s, {**items, "b": items["b"] * s}, meta={"stage": "rl", "at": s})
+  _truncate_largest_state_file(tmp_path / "3")
+  seen = []
+
+  def target(meta):                          # a target chosen from the step's own meta
+    seen.append(meta["at"])
+    return items
+  with checkpoint.CheckpointManager(tmp_path, max_to_keep=3) as mgr:
+    with caplog.at_level("WARNING", logger="rlrag_jax.checkpoint"):
+      out = mgr.restore(target)                      # a reader: falls back, renames nothing
+    assert out.step == 2 and out.meta == {"stage": "rl", "at": 2} and seen == [3, 2]
+    np.testing.assert_array_equal(np.asarray(out.state["b"]), items["b"] * 2)
+    assert "checkpoint step 3 under" in caplog.text
+    assert "does not restore (ValueError: " in caplog.text
+    assert "restored step 2 instead" in caplog.text and mgr.all_steps() == [1, 2, 3]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="rlrag_jax.checkpoint"):
+      out = mgr.restore_latest(items, set_aside_corrupt=True)       # the trainer's resume
+    assert out.step == 2 and mgr.latest_step() == 2 and mgr.all_steps() == [1, 2]
+    assert f"set aside as {tmp_path / '3.corrupt'}" in caplog.text
+    assert sorted(os.listdir(tmp_path)) == ["1", "2", "3.corrupt"]        # nothing deleted
+    mgr.save(3, items)                                                     # step 3 again
+    mgr.wait()
+    assert mgr.restore(items).step == 3
+  # Every step failing (here: a target of another structure) is one error naming each step.
+  with checkpoint.CheckpointManager(tmp_path) as mgr:
+    with pytest.raises(RuntimeError, match=r"restores: step 3: \w+: .*; step 2: .*; step 1: "):
+      mgr.restore({"other": np.zeros(2, np.float32)}, set_aside_corrupt=True)
+    assert mgr.all_steps() == [1, 2, 3]                              # nothing set aside
+
+
 def _sharded_worker(directory):
   from jax.sharding import PartitionSpec as P
   model = DecoderLM(CFG)

@@ -270,3 +270,58 @@ def test_seed_level_section_of_a_committed_table(tmp_path):
   sft = seeds.write_markdown(seeds.summarise({"main": {0: seeds.load_run(w)}}, 50),
                              tmp_path / "sft.md", "t")
   assert "no interval applies" in seeds.seed_level_section(sft)
+
+
+def _finished_run(workdir, config):
+  """A finished run directory whose fingerprint.json was made from `config` (as trainer.run
+  records it)."""
+  from rlrag_jax import fingerprint
+  _fake_run(workdir, [0, 1], [1, 1])
+  fingerprint.record(workdir, fingerprint.check(workdir, config), resume=False)
+
+
+def test_a_finished_run_is_reused_only_when_its_fingerprint_matches(tmp_path):
+  flags = {"seed": 0, "workdir": "x", "rl": {"lr": 1e-4, "steps": 60}}
+  wd = tmp_path / "main" / "seed_0"
+  _finished_run(wd, flags)
+  assert seeds.job_state(wd, {**flags, "workdir": "elsewhere"})[0] == "done"   # not counted
+  state, check = seeds.job_state(wd, {**flags, "rl": {"lr": 1e-3, "steps": 60}})
+  assert state == "stale" and check.differs == {"rl.lr": (1e-4, 1e-3)}
+  (wd / "eval_summary.json").unlink()                    # killed before it finished
+  assert seeds.job_state(wd, flags)[0] == "todo"
+  assert seeds.job_state(wd, {**flags, "seed": 1})[0] == "stale"
+  legacy = tmp_path / "main" / "seed_1"                  # made before fingerprints
+  _fake_run(legacy, [0, 1], [1, 1])
+  assert seeds.job_state(legacy, flags)[0] == "done"
+  assert seeds.job_state(tmp_path / "nothing", flags)[0] == "todo"
+
+
+def test_run_all_reruns_a_seed_of_other_flags_and_keeps_the_old_run(tmp_path, capsys):
+  from rlrag_jax import fingerprint
+  old = {"seed": 0, "rl": {"lr": 1e-4}}
+  new = {"seed": 0, "rl": {"lr": 1e-3}}
+  stale, same, legacy = (tmp_path / "main" / f"seed_{s}" for s in (0, 1, 2))
+  _finished_run(stale, old)
+  _finished_run(same, {**new, "seed": 1})
+  _fake_run(legacy, [0, 1], [1, 1])
+  ran = []
+
+  def runner(cmd, log_path):
+    ran.append(cmd)
+    _finished_run(log_path.parent, new)
+    return 0
+  jobs = [("main", 0, stale, ["train", "0"], new), ("main", 1, same, ["train", "1"],
+                                                     {**new, "seed": 1}),
+          ("main", 2, legacy, ["train", "2"], {**new, "seed": 2})]
+  out = seeds.run_all(jobs, runner=runner)
+  assert ran == [["train", "0"]] and [r[:3] for r in out] == [("main", 0, 0)]
+  moved = tmp_path / "main" / f"seed_0.stale-{fingerprint.fingerprint(old)[:12]}"
+  assert json.loads((moved / "fingerprint.json").read_text())["config"] == old   # kept whole
+  assert (moved / "eval_summary.json").exists()
+  assert fingerprint.read(stale)["fingerprint"] == fingerprint.fingerprint(new)
+  text = capsys.readouterr().out
+  assert f"moved it to {moved} and training again" in text and "rl.lr: 0.0001 -> 0.001" in text
+  assert "seed 1: done already" in text
+  assert "seed 2: done already" in text and "cannot be checked" in text
+  assert seeds.load_run(same)["fingerprint"] == fingerprint.fingerprint({**new, "seed": 1})
+  assert seeds.load_run(legacy)["fingerprint"] is None

@@ -7,7 +7,7 @@ import pytest
 
 from _deps import require
 from configs import arena
-from rlrag_jax import trainer
+from rlrag_jax import fingerprint, trainer
 from rlrag_jax.training import collection
 
 pytestmark = pytest.mark.slow
@@ -48,11 +48,28 @@ def _rows(workdir):
   return [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_resume_after_kill_repeats_the_uninterrupted_run(tmp_path):
+def test_resume_after_kill_repeats_the_uninterrupted_run(tmp_path, caplog):
   full = trainer.run(tiny_config(tmp_path / "full"), progress=False)
   # Killed after step 5 (SFT 1-3, RL 4-5): the last checkpoint is step 4, so step 5 is redone.
   assert trainer.run(tiny_config(tmp_path / "killed"), progress=False, stop_after=5) is None
-  resumed = trainer.run(tiny_config(tmp_path / "killed"), progress=False, resume=True)
+  killed = tmp_path / "killed"
+  assert fingerprint.read(killed)["fingerprint"] == fingerprint.fingerprint(
+      tiny_config(killed))
+  # A run directory made before fingerprints (none recorded) resumes with a warning; so do a
+  # killed process's half-written last metrics line (dropped) and a corrupt latest checkpoint
+  # (step 4: set aside, the run resumes from step 2 and still repeats the uninterrupted one).
+  from test_checkpoint import _truncate_largest_state_file
+  (killed / "fingerprint.json").unlink()
+  with (killed / "metrics.jsonl").open("a") as f:
+    f.write('{"step": 6, "stage": "rl", "lo')
+  _truncate_largest_state_file(killed / "checkpoints" / "4")
+  with caplog.at_level("WARNING"):
+    resumed = trainer.run(tiny_config(killed), progress=False, resume=True)
+  assert "no fingerprint.json" in caplog.text and "cannot be checked" in caplog.text
+  assert "dropped a torn last line" in caplog.text
+  assert "checkpoint step 4 under" in caplog.text and "restored step 2 instead" in caplog.text
+  assert (killed / "checkpoints" / "4.corrupt").is_dir()
+  assert fingerprint.read(killed)["starts"][-1]["status"] == "unchecked"
   for a, b in zip(_leaves(full.params), _leaves(resumed.params)):
     np.testing.assert_array_equal(a, b)
   # Timings and compile counts differ between processes; everything else must not.

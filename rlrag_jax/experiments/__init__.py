@@ -26,5 +26,6 @@ def write_report(out: str, stem: str, table: str, payload: dict) -> None:
   """`out/<stem>.txt` (the printed table) and `out/<stem>.json`; `out` is created."""
   d = pathlib.Path(out)
   d.mkdir(parents=True, exist_ok=True)
-  (d / f"{stem}.txt").write_text(table + "\n")
-  (d / f"{stem}.json").write_text(json.dumps(payload, indent=2))
+  from rlrag_jax.runlog import write_atomic
+  write_atomic(d / f"{stem}.txt", table + "\n")
+  write_atomic(d / f"{stem}.json", json.dumps(payload, indent=2))

@@ -11,8 +11,12 @@ Each (arm, seed) is one `python -m rlrag_jax.train` process with `--config.seed=
 workdir `DIR/<arm>/seed_<S>` (arm 'main' without --arm); every other `--config.…` flag is passed
 through to all of them, an arm's FLAGS (space-separated) to that arm's only. Up to `--parallel`
 processes run at once (default 1: on a 2-core machine two trainings just share the cores).
-Resumable: a run whose `eval_summary.json` and `eval_rows.json` exist is not rerun, and a killed
-run resumes from its checkpoints (`--resume`).
+Resumable: a finished run (its `eval_summary.json` and `eval_rows.json` exist) is reused when
+its fingerprint.json matches the config its flags give now (`rlrag_jax.fingerprint`), and a
+killed run resumes from its checkpoints (`--resume`). A run directory made with other flags is
+moved aside to `seed_<S>.stale-<its fingerprint>` (nothing is deleted) and the seed is trained
+again: the table must describe the flags given. A run made before fingerprints cannot be
+checked: it is reused (finished) or resumed with a warning.
 
 Outputs:
   DIR/seeds.json  per arm and seed: warm-up (before RL) and after-RL metrics, wall minutes,
@@ -58,6 +62,7 @@ import numpy as np
 # The intervals live in rlrag_jax.metrics; re-exported for callers that import them from here.
 from rlrag_jax.metrics import (claim, hierarchical_bootstrap, mean_std, paired_bootstrap,  # pylint: disable=unused-import
                                seed_intervals, t_interval, t_interval_from_moments)
+from rlrag_jax import fingerprint, runlog
 
 METRICS = ("em", "f1", "format", "relevance", "accuracy", "rc", "reward")
 
@@ -75,7 +80,38 @@ def run_dir(out: pathlib.Path, arm: str, seed: int) -> pathlib.Path:
 
 
 def is_done(workdir: pathlib.Path) -> bool:
+  """Whether the run in `workdir` finished (its results exist), whatever its flags."""
   return (workdir / "eval_summary.json").exists() and (workdir / "eval_rows.json").exists()
+
+
+def job_state(workdir: pathlib.Path, config) -> tuple:
+  """(state, fingerprint.Check) of a run directory against the config its flags resolve to
+  (`train_config`): 'stale' when it holds a run whose fingerprint differs, finished or not;
+  else 'done' when finished (fingerprints equal, or a run made before fingerprints); else
+  'todo'. A `config` of None checks nothing (finished is done)."""
+  if config is None:
+    return ("done" if is_done(workdir) else "todo"), None
+  check = fingerprint.check(workdir, config)
+  if check.status == "differs":
+    return "stale", check
+  return ("done" if is_done(workdir) else "todo"), check
+
+
+def set_aside(workdir: pathlib.Path, check) -> pathlib.Path:
+  """Renames a stale run directory to `<name>.stale-<its fingerprint>` (`-<k>` when taken)."""
+  dst = base = workdir.with_name(f"{workdir.name}.stale-{check.recorded['fingerprint'][:12]}")
+  k = 1
+  while dst.exists():
+    dst, k = base.with_name(f"{base.name}-{k}"), k + 1
+  workdir.rename(dst)
+  return dst
+
+
+def train_config(config: str, seed: int, workdir: pathlib.Path, flags: Sequence[str]):
+  """The config the training command of (seed, workdir, flags) runs: what its fingerprint is
+  made from (`rlrag_jax.train.config_from_argv` over `train_command`'s arguments)."""
+  from rlrag_jax.train import config_from_argv
+  return config_from_argv(train_command(config, seed, workdir, flags)[3:])
 
 
 def train_command(config: str, seed: int, workdir: pathlib.Path, flags: Sequence[str]) -> list:
@@ -85,16 +121,30 @@ def train_command(config: str, seed: int, workdir: pathlib.Path, flags: Sequence
 
 
 def run_all(jobs: list, parallel: int = 1, runner=None) -> list:
-  """Runs (arm, seed, workdir, command) jobs not yet done; returns [(arm, seed, rc, minutes)].
-  `runner(command, log_path) -> returncode` defaults to a subprocess."""
+  """Runs (arm, seed, workdir, command[, config]) jobs not yet done; returns [(arm, seed, rc,
+  minutes)]. With the job's resolved `config` (`train_config`), a finished run is reused only
+  when its fingerprint matches, and a run made with other flags is set aside and rerun
+  (`job_state`). `runner(command, log_path) -> returncode` defaults to a subprocess."""
   def default_runner(cmd, log_path):
     with open(log_path, "w") as log:
       return subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT)
   runner = runner or default_runner
-  todo = [j for j in jobs if not is_done(j[2])]
-  for arm, seed, wd, _ in jobs:
-    if is_done(wd):
-      print(f"seeds: {arm} seed {seed}: done already ({wd})")
+  todo = []
+  for arm, seed, wd, cmd, *config in jobs:
+    state, check = job_state(wd, config[0] if config else None)
+    if state == "stale":
+      moved = set_aside(wd, check)
+      print(f"seeds: {arm} seed {seed}: {wd} holds a run of other flags (fingerprint "
+            f"{check.recorded['fingerprint'][:12]}, these flags' {check.fingerprint[:12]}); "
+            f"moved it to {moved} and training again. Differing keys, old -> new:\n"
+            f"{fingerprint.format_differences(check.differs, 20)}", flush=True)
+    if state == "done":
+      unchecked = check is not None and check.status == "unchecked"
+      print(f"seeds: {arm} seed {seed}: done already ({wd})" + (
+          "; made before run fingerprints, so its flags cannot be checked against these"
+          if unchecked else ""))
+    else:
+      todo.append((arm, seed, wd, cmd))
 
   def one(job):
     arm, seed, wd, cmd = job
@@ -137,8 +187,10 @@ def load_run(workdir: pathlib.Path, before: str = "warmup", after: str = "final"
   rows = json.loads((workdir / "eval_rows.json").read_text())
   b_metrics, b_rows = _point(workdir, before, summary, rows)
   a_metrics, a_rows = _point(workdir, after, summary, rows)
+  recorded = fingerprint.read(workdir)
   return {"before": b_metrics, "after": a_metrics, "minutes": summary.get("minutes"),
-          "rows": {"before": b_rows, "after": a_rows}}
+          "rows": {"before": b_rows, "after": a_rows},
+          "fingerprint": recorded and recorded["fingerprint"]}
 
 
 def metric_names(runs: dict) -> list:
@@ -308,7 +360,7 @@ def write_markdown(summary: dict, path: pathlib.Path, title: str, before: str = 
   if summary.get("curves"):
     lines.append(curves_markdown(summary["curves"]))
   text = "\n".join(lines)
-  path.write_text(text)
+  runlog.write_atomic(path, text)
   return text
 
 
@@ -356,10 +408,7 @@ def plot_series(series: dict, path: pathlib.Path, metrics: Sequence[str]) -> Non
 def _curve(workdir: pathlib.Path, metric: str) -> tuple:
   """(steps, values): the eval points for a metric the evaluations hold (METRICS and a method's
   own, e.g. 'sepr'), else the RL training rows (reward/…, kl, grad_norm, entropy, vf/…)."""
-  p = workdir / "metrics.jsonl"
-  if not p.exists():
-    return [], []
-  rows = [json.loads(l) for l in p.read_text().splitlines() if l.strip()]
+  rows = runlog.read_rows(workdir / "metrics.jsonl")     # a torn last line: dropped, warned
   evals = ("eval_before", "eval", "eval_after")
   pts = [(r["step"], r[metric]) for r in rows if r.get("stage") in evals and metric in r]
   if not pts and metric not in METRICS:
@@ -414,7 +463,7 @@ def title(config: str, seeds: Sequence[int], overrides: Sequence[str]) -> str:
 def write_outputs(record: dict, out: pathlib.Path, name: str) -> str:
   """DIR/<name>.json (the record: config, arms, seeds, points, runs with their per-example rows,
   the plotted curves, the summary) and DIR/<name>.md; returns the markdown."""
-  (out / f"{name}.json").write_text(json.dumps(record, indent=1))
+  runlog.write_atomic(out / f"{name}.json", json.dumps(record, indent=1))
   before, after = record["points"]
   return write_markdown(record["summary"], out / f"{name}.md",
                         title(record["config"], record["seeds"], record["overrides"]),
@@ -590,7 +639,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   out = pathlib.Path(args.out)
   out.mkdir(parents=True, exist_ok=True)
   jobs = [(arm, s, run_dir(out, arm, s),
-           train_command(args.config, s, run_dir(out, arm, s), list(passthrough) + extra))
+           train_command(args.config, s, run_dir(out, arm, s), list(passthrough) + extra),
+           train_config(args.config, s, run_dir(out, arm, s), list(passthrough) + extra))
           for arm, extra in arms.items() for s in seeds]
   results = run_all(jobs, args.parallel)
   failed = [(a, s, rc) for a, s, rc, _ in results if rc != 0]

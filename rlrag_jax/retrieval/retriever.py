@@ -25,6 +25,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from rlrag_jax.data.schema import CorpusRecord, Triple
+from rlrag_jax.runlog import write_atomic
 from rlrag_jax.retrieval import index as index_lib
 
 FORMAT = "rlrag_jax.retriever"
@@ -256,9 +257,8 @@ class Retriever:
         "index_params": index_params,
         "files": {name: _sha256(folder / name) for name in files},
     }
-    tmp = folder / (MANIFEST + ".tmp")
-    tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True))
-    os.replace(tmp, folder / MANIFEST)   # the manifest appears last: a half-written save has none
+    # The manifest appears last and whole: a half-written save has none.
+    write_atomic(folder / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True))
     return folder
 
   @classmethod

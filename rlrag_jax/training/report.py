@@ -54,14 +54,15 @@ def write_report(workdir, rlog, before, after, seconds, label="after RL"):
     table += "\n\n" + runlog.format_table(hop_rows, ["split"] + keys + ["n"],
                                           title="By hops and dataset")
   table += f"\n\nwall time: {seconds / 60:.1f} min"
-  (workdir / "eval_table.txt").write_text(table + "\n")
-  (workdir / "eval_summary.json").write_text(json.dumps(
+  # Atomic writes: experiments.seeds reads a run whose summary and rows exist as finished.
+  runlog.write_atomic(workdir / "eval_table.txt", table + "\n")
+  runlog.write_atomic(workdir / "eval_summary.json", json.dumps(
       {"before": before and before["all"], "after": after["all"],
        "after_by_hops": {k: v for k, v in after.items() if k.startswith("hops=")},
        "after_by_dataset": {k: v for k, v in after.items() if k.startswith("dataset=")},
        "minutes": seconds / 60}, indent=2))
   # Per-example results (for paired comparisons across runs, e.g. experiments.seeds).
-  (workdir / "eval_rows.json").write_text(json.dumps(
+  runlog.write_atomic(workdir / "eval_rows.json", json.dumps(
       {"before": slim(before["rows"]) if before else [], "after": slim(after["rows"])}))
   rl_rows = rlog.rows("rl")
   reward_keys = sorted({k for r in rl_rows for k in r if k.startswith("reward/")},

@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rlrag_jax import runlog
 from rlrag_jax.data.pipeline import BatchIterator
 from rlrag_jax.models import sharding
 from rlrag_jax.rollout.batch import (logits_start, pack, pack_micro_batch, packed_lengths,
@@ -89,13 +90,19 @@ class Run:
         meta={"stage": stage, "before": self.before}, force=True)
 
   def resume(self) -> bool:
-    """Restores the latest checkpoint, if any: state, reference, critic, data positions."""
+    """Restores the latest checkpoint that restores, if any: state, reference, critic, data
+    positions. Newer steps that do not restore (corrupt files) are set aside as
+    `<step>.corrupt` with a warning (`checkpoint.CheckpointManager.restore`): this run saves
+    those step numbers again."""
     if self.ckpt.latest_step() is None:
       log.info("--resume: no checkpoint under %s, starting fresh", self.ckpt.directory)
       return False
-    with_critic = self.learner.has_critic and self.ckpt.read_meta()["stage"] == "rl"
-    restored = self.ckpt.restore_latest(target=self.steps.checkpoint_target(
-        self.learner.abstract_critic() if with_critic else None))
+
+    def target(meta):             # the critic is in the tree from the RL stage on
+      with_critic = self.learner.has_critic and meta["stage"] == "rl"
+      return self.steps.checkpoint_target(self.learner.abstract_critic() if with_critic
+                                          else None)
+    restored = self.ckpt.restore_latest(target=target, set_aside_corrupt=True)
     self.step, self.stage = restored.step, restored.meta["stage"]
     for name, it in self.iterators.items():
       if it is not None and restored.data_position.get(name) is not None:
@@ -230,7 +237,7 @@ class RLStage:
     run.rlog.write(run.step, "eval", mid["all"])
     # Per-example rows of this evaluation too (paired comparisons against a mid-run point,
     # e.g. the end of a reward stage): eval_rows_rl<k>.json, k = RL steps done.
-    (run.workdir / f"eval_rows_rl{done}.json").write_text(json.dumps(
+    runlog.write_atomic(run.workdir / f"eval_rows_rl{done}.json", json.dumps(
         {"all": mid["all"], "rows": report.slim(mid["rows"])}))
     if run.config.checkpoint.every and run.step % run.config.checkpoint.every == 0:
       run.save("rl")

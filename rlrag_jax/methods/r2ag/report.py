@@ -68,8 +68,8 @@ def write(task, workdir: pathlib.Path) -> str:
   text += "\n".join(f"  {k}: {v:.3f}" if isinstance(v, float) else f"  {k}: {v}"
                     for k, v in forest.items())
   text += f"\n  forests started: {task.forest.forests}\n"
-  (workdir / "r2ag_report.txt").write_text(text)
-  (workdir / "r2ag_forest.json").write_text(json.dumps(
+  runlog.write_atomic(workdir / "r2ag_report.txt", text)
+  runlog.write_atomic(workdir / "r2ag_forest.json", json.dumps(
       {"summary": forest, "levels": task.forest.history,
        "pruned_trees": task.forest.finished[:50]}, indent=1))
   print(text)

@@ -51,6 +51,6 @@ def write(task, workdir: pathlib.Path) -> str:
     text += "\nLast training rollout, per question: " + ", ".join(
         f"{key} {v:.3f}" for key, v in task.last_forest.items() if isinstance(v, float))
   text += "\n"
-  (workdir / "sparkle_report.txt").write_text(text)
+  runlog.write_atomic(workdir / "sparkle_report.txt", text)
   print(text)
   return text
