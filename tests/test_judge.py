@@ -9,6 +9,7 @@ import socket
 import struct
 import threading
 import time
+import types
 
 import pytest
 
@@ -308,3 +309,40 @@ def test_a_dead_judge_stops_a_batch():
     j.judge_many([("Q?", "Paris", ["Paris"])] * 40)
   assert "3 of the last 3 calls failed" in str(e.value)
   assert 3 <= j.calls < 40
+
+
+def test_evaluation_reports_the_judge_calls_and_failures(server):
+  from rlrag_jax import evaluation
+  from rlrag_jax.tasks import Episode
+
+  class Task:
+    def rollout(self, policy, examples, rng, *, group_size, greedy):
+      return [Episode(ex, [], [], [], ex.pred) for ex in examples]
+
+    def eval_metrics(self, ep):
+      return {"em": 0.0, "prediction": ep.text}
+  examples = [types.SimpleNamespace(question="Q?", answers=["a"], pred=p)
+              for p in ("yes", "no", "maybe", "")]
+  j = _judge(server, [("echo", None)])
+  out = evaluation.evaluate(Task(), None, examples, batch_size=3, progress=False, judge=j)
+  assert [r["judge"] for r in out["rows"]] == [1.0, 0.0, 0.0, 0.0]
+  assert (out["all"]["judge/calls"], out["all"]["judge/failures"],
+          out["all"]["judge/failures_verdict"]) == (3.0, 1.0, 1.0)
+  assert out["all"]["judge/failure_rate"] == pytest.approx(1 / 3)
+
+
+def test_progress_bar_shows_the_failures():
+  from rlrag_jax.training import report
+
+  class Bar:
+    def update(self, n):
+      pass
+
+    def set_postfix(self, d):
+      self.postfix = d
+  rows, bar = [], Bar()
+  rlog = types.SimpleNamespace(write=lambda step, stage, m: rows.append(m))
+  report.log_step(rlog, 5, "rl", {"loss": 1.0, "judge/calls": 64, "judge/failures": 3,
+                                  "judge/failure_rate": 3 / 64}, 5, bar)
+  assert "judge_failed=3/64 (5%)" in bar.postfix["rl"]
+  assert rows[0]["judge/failures"] == 3.0
