@@ -1,7 +1,7 @@
 """The OpenAI-compatible judge against a local HTTP server that misbehaves in every way we know:
 one call never raises, 'not judged' (None) is counted with its reason, transport failures and
 5xx are retried; a batch is asked concurrently, in order; the failure monitor warns past 5% of
-the recent calls and stops the run past its configured rate."""
+the recent calls and stops the run past its configured rate (also for SPARKLE's reader)."""
 import http.server
 import json
 import logging
@@ -16,6 +16,7 @@ import pytest
 from rlrag_jax import judge
 from rlrag_jax.methods.arena.task import ArenaTask
 from rlrag_jax.methods.search.task import SearchTask
+from rlrag_jax.methods.sparkle import readers
 
 
 def _reply(content):
@@ -346,3 +347,32 @@ def test_progress_bar_shows_the_failures():
                                   "judge/failure_rate": 3 / 64}, 5, bar)
   assert "judge_failed=3/64 (5%)" in bar.postfix["rl"]
   assert rows[0]["judge/failures"] == 3.0
+
+
+# ------------------------------------------------------------------ SPARKLE's endpoint reader
+def test_endpoint_reader_asks_concurrently_and_counts_its_failures(server):
+  _Server.barrier = threading.Barrier(3, timeout=10)
+  _Server.script[:] = [("ok", _reply("<think>a")), ("status", 400), ("ok", _reply("<think>c"))]
+  r = readers.EndpointReader(server, "m", timeout=20, concurrency=3, max_failure_rate=1.0,
+                             failure_window=10)
+  out = r([("Q?", [], [])] * 3)
+  assert _Server.max_in_flight == 3
+  assert sorted(out) == ["", "<think>a</think>", "<think>c</think>"]
+  span = judge.Span(r.monitors())
+  _Server.barrier = None
+  _Server.script[:] = [("status", 400)]
+  assert r([("Q?", [], [])]) == [""]
+  assert span.metrics()["reader/failures_http"] == 1.0 and r.failures == 2
+  assert r.monitor.last_error == "HTTP 400: {}" and r.monitor.calls == 4
+  assert readers.LMReader.monitors(None) == []
+
+
+def test_endpoint_reader_stops_past_its_rate(server):
+  _Server.script[:] = [("status", 400)]
+  r = readers.EndpointReader(server, "m", timeout=5, concurrency=2, max_failure_rate=0.5,
+                             failure_window=2)
+  with pytest.raises(judge.EndpointFailing) as e:
+    r([("Q?", [], [])] * 6)
+  msg = str(e.value)
+  assert msg.startswith("reader at http://127.0.0.1:") and "HTTP 400" in msg
+  assert "sparkle.reader.max_failure_rate=0.5" in msg and "malformed reader step" in msg
