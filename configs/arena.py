@@ -111,7 +111,11 @@ def base_config() -> ml_collections.ConfigDict:
       w_format=1.0, w_accuracy=1.0, w_relevance=1.0, bonus_value=10.0,
       relevance_parse="strict",         # 'strict' (a JSON list, the paper's) | 'lenient' (ours)
       accuracy="em",                    # 'em' (the paper's) | 'f1' | 'judge' (ablations)
-      judge_url="", judge_model=""))    # the accuracy judge when accuracy == 'judge'
+      judge_url="", judge_model="",     # the accuracy judge when accuracy == 'judge'
+      judge_concurrency=16,             # judge requests in flight at once
+      # The run stops once more than this share of the last judge_failure_window judge calls
+      # failed (a failed call scores as a wrong answer); 1.0: never stop.
+      judge_max_failure_rate=0.5, judge_failure_window=200))
   c.sft.target = "structured"           # 'structured' (ours) | 'direct' | 'teacher' (baselines)
   c.sft.teacher_traces = ""             # JSONL from methods.arena.teacher_traces
   return c

@@ -80,7 +80,10 @@ Differences from the paper ('paper' and its ablations), with the reason:
   - Judge: the paper's judge is Qwen3-235B-A22B-Instruct; any OpenAI-compatible endpoint works
     here. Prediction and gold answers are normalised (lowercase, no punctuation or articles)
     before they fill the B.4 template, as B.4 says; a reply that is neither yes nor no, and a
-    failed request, count as "not judged" (reward 0 for correctness, logged as judge_failed).
+    failed request, count as "not judged" (reward 0 for correctness, logged as judge_failed;
+    judge/calls, judge/failures, judge/failure_rate per step). More than
+    reward.judge_max_failure_rate of the last reward.judge_failure_window calls failed, the run
+    stops (judge.EndpointFailing) instead of training on the zeros.
   - The B.4 instruction is followed by "Question: {question}" on its own line (the paper does
     not show where the question goes).
   - Lengths: prompts over 2048 tokens are left out of training (counted); observations are cut to
@@ -92,7 +95,10 @@ Differences from the paper ('paper' and its ablations), with the reason:
 Method-specific sections (the trainer reads the others):
   reward     beta, stage2_step (first RL step with stage-2 rewards; <= 0: never), match ('em' |
              'f1' | 'judge'), f1_threshold, max_query_words (conciseness rule), judge_url / judge_model
-             (optional OpenAI-compatible judge of correctness; off by default), rs_form ('eq8' |
+             (optional OpenAI-compatible judge of correctness; off by default), judge_concurrency
+             (its requests in flight at once), judge_max_failure_rate / judge_failure_window
+             (the run stops once more than that share of the last that many judge calls failed;
+             1.0: never; past 5% a warning is logged), rs_form ('eq8' |
              'pairwise_mean'), answer_form ('staged' | 'unified'), use_search / use_answer
              (ablations: r_s / r_a left out of the total).
   tool       top_k documents per search, max_turns (searches per episode), max_obs_tokens (per
@@ -140,8 +146,12 @@ def base_config() -> ml_collections.ConfigDict:
 
   c.reward = ml_collections.ConfigDict(dict(
       beta=0.3, stage2_step=0, match="em", f1_threshold=0.5, max_query_words=6,
-      judge_url="", judge_model="", rs_form="pairwise_mean", answer_form="staged",
-      use_search=True, use_answer=True))
+      judge_url="", judge_model="",
+      judge_concurrency=16,             # judge requests in flight at once
+      # The run stops once more than this share of the last judge_failure_window judge calls
+      # failed (a failed call scores as a wrong answer); 1.0: never stop.
+      judge_max_failure_rate=0.5, judge_failure_window=200,
+      rs_form="pairwise_mean", answer_form="staged", use_search=True, use_answer=True))
   c.tool = ml_collections.ConfigDict(dict(
       top_k=5, max_turns=5, max_obs_tokens=600, max_total_len=4096, min_batch=8,
       context_bucket=128, max_prompt_len=0, kv_reuse=True))

@@ -120,8 +120,12 @@ def base_config() -> ml_collections.ConfigDict:
           passage_words=0)),
       max_new=ml_collections.ConfigDict(dict(rd=8, qf=160, ki=48, reader=160)),
       reward=ml_collections.ConfigDict(dict(alpha=0.3, weighting="paper")),
-      # An OpenAI-compatible reader instead of models.reader (plug-and-play: any reader).
-      reader=ml_collections.ConfigDict(dict(url="", model="", max_tokens=256)),
+      # An OpenAI-compatible reader instead of models.reader (plug-and-play: any reader):
+      # `concurrency` requests in flight at once; the run stops once more than
+      # `max_failure_rate` of the last `failure_window` requests failed (a failed request is
+      # an empty, malformed reader step); 1.0: never stop.
+      reader=ml_collections.ConfigDict(dict(url="", model="", max_tokens=256, concurrency=16,
+                                            max_failure_rate=0.5, failure_window=200)),
       triples_file="",                    # extract_triples' JSONL for a corpus without triples
       sft_trajectories="",                # trajectories.py's JSONL: SFT on a stronger proxy's
       eval=ml_collections.ConfigDict(dict(naive_k=5, baselines=True, recall_steps=4)),

@@ -48,7 +48,10 @@ trainer (`rlrag_jax.trainer`) reads these sections for every method:
             whiten (advantages), whiten_by (an Episode.info key, e.g. SPARKLE's 'role': whiten
             separately within each of its values), mini_batches (per epoch; rl.mu epochs)).
   eval      every (RL steps; 0 = before and after RL only), num_examples, max_new_tokens,
-            batch_size, optional OpenAI-compatible judge (judge_url, judge_model).
+            batch_size, optional OpenAI-compatible judge (judge_url, judge_model;
+            judge_concurrency requests in flight at once; judge_max_failure_rate /
+            judge_failure_window: stop once more than that share of the last that many judge
+            calls failed, 1.0: never; see rlrag_jax.judge).
   checkpoint  every, keep;  log_every;  export_hf (an HF checkpoint of the final policy).
   compile_cache  the persistent XLA compile cache ('auto': ~/.cache/rlrag_jax/xla; '': off).
 """
@@ -130,8 +133,12 @@ def trainer_config(method: str, workdir: str) -> ml_collections.ConfigDict:
           whiten_by="",   # an Episode.info key: whiten separately per value (e.g. 'role')
           mini_batches=1))))
 
-  c.eval = ml_collections.ConfigDict(dict(every=0, num_examples=200, max_new_tokens=128,
-                                          batch_size=64, judge_url="", judge_model=""))
+  c.eval = ml_collections.ConfigDict(dict(
+      every=0, num_examples=200, max_new_tokens=128, batch_size=64, judge_url="", judge_model="",
+      judge_concurrency=16,           # judge requests in flight at once
+      # The evaluation stops once more than this share of the last judge_failure_window judge
+      # calls failed (a failed call scores as a wrong answer); 1.0: never stop.
+      judge_max_failure_rate=0.5, judge_failure_window=200))
   c.checkpoint = ml_collections.ConfigDict(dict(every=50, keep=2))
   c.log_every = 5
   c.compile_cache = "auto"  # persistent XLA cache folder; '': off (rlrag_jax.compile_cache)

@@ -39,7 +39,7 @@ def main(argv):
   result = evaluation.evaluate(task, policy, examples, batch_size=config.eval.batch_size,
                                seed=config.seed,
                                judge=judge.from_config(config.eval, prompt=getattr(
-                                   task, "judge_prompt", judge.DEFAULT_PROMPT)))
+                                   task, "judge_prompt", judge.DEFAULT_PROMPT), where="eval"))
   keys = [k for k in result["all"] if k != "n"]
   rows = [{"split": k, **v} for k, v in result.items() if k == "all" or k.startswith(("hops=", "dataset="))]
   print(runlog.format_table(rows, ["split"] + keys + ["n"], title=f"{config.method} evaluation"))

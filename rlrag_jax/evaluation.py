@@ -14,13 +14,20 @@ def evaluate(task, policy, examples: Sequence, *, batch_size: int = 64, seed: in
   'dataset=name': {...} (when the examples come from several datasets), 'rows': [per-example
   dicts]}.
 
-  `judge(question, prediction, answers) -> True | False | None` (optional, e.g.
-  `judge.OpenAIJudge` with the method's prompt) adds a 'judge' accuracy column, judged on the
-  'prediction' string that eval_metrics returns; None ("not judged": the endpoint failed) scores
-  0 and is counted in 'judge/failures' (a count, not a mean).
+  `judge` (optional: a `judge.OpenAIJudge` with the method's prompt) adds a 'judge' accuracy
+  column, judged on the 'prediction' string that eval_metrics returns, a batch at a time
+  (`judge_many`); None ("not judged": the endpoint failed) scores 0.
+
+  The calls and failures of the endpoints used meanwhile (that judge, and the task's own
+  `monitors()`, e.g. a reward judge or SPARKLE's endpoint reader) are in 'all' as
+  '<name>/calls', '<name>/failures' (counts, not means), '<name>/failure_rate' and
+  '<name>/failures_<kind>' (see `judge.Span`). Too many failures raise `judge.EndpointFailing`.
   """
   from tqdm.auto import tqdm
-  rows, failures, has_hops = [], 0, False
+  from rlrag_jax import judge as judge_lib
+  from rlrag_jax.tasks import monitors_of
+  span = judge_lib.Span(monitors_of(task) + ([judge.monitor] if judge is not None else []))
+  rows, has_hops = [], False
   rng = jax.random.PRNGKey(seed)
   batches = range(0, len(examples), batch_size)
   it = tqdm(batches, desc=desc, unit="batch", leave=False) if progress else batches
@@ -35,7 +42,10 @@ def evaluate(task, policy, examples: Sequence, *, batch_size: int = 64, seed: in
       batch_metrics = list(task.eval_metrics_batch(episodes))
     else:
       batch_metrics = [task.eval_metrics(ep) for ep in episodes]
-    for ep, em in zip(episodes, batch_metrics):
+    if judge is not None:
+      verdicts = judge.judge_many([(ep.example.question, em.get("prediction", ""),
+                                    ep.example.answers) for ep, em in zip(episodes, batch_metrics)])
+    for k, (ep, em) in enumerate(zip(episodes, batch_metrics)):
       m = dict(em)
       has_hops = has_hops or hasattr(ep.example, "hops")
       m["hops"] = int(getattr(ep.example, "hops", 0) or 0)
@@ -43,13 +53,9 @@ def evaluate(task, policy, examples: Sequence, *, batch_size: int = 64, seed: in
       m["dataset"] = getattr(ep.example, "source", "") or ""
       m["completion"] = ep.text
       if judge is not None:
-        verdict = judge(ep.example.question, m.get("prediction", ""), ep.example.answers)
-        m["judge"] = float(verdict is True)
-        failures += verdict is None
+        m["judge"] = float(verdicts[k] is True)
       rows.append(m)
-  out = {"all": _mean(rows), "rows": rows}
-  if judge is not None:
-    out["all"]["judge/failures"] = float(failures)
+  out = {"all": {**_mean(rows), **span.metrics()}, "rows": rows}
   by_hops = collections.defaultdict(list)
   for r in rows:
     if has_hops:

@@ -65,6 +65,15 @@ class Task(Protocol):
   #   state_dict() / load_state_dict(d)  JSON state the task grows while training (e.g. a
   #                                    training pool from its own rollouts); checkpointed.
   #   bind_models({name: LM})          the config's auxiliary models (frozen reader, ...).
+  #   monitors() -> [judge.FailureMonitor]
+  #                                    the external endpoints the task calls (an LLM judge, an
+  #                                    endpoint reader): their calls and failures are logged
+  #                                    per RL step and per evaluation as '<name>/...'.
+
+
+def monitors_of(task) -> list:
+  """The task's endpoint failure monitors (its optional `monitors()` hook; [] without it)."""
+  return list(task.monitors()) if hasattr(task, "monitors") else []
 
 
 def get_task(name: str, config) -> Task:

@@ -17,7 +17,7 @@ from typing import Any, Optional
 
 import jax
 
-from rlrag_jax import compile_cache, evaluation, fingerprint, runlog
+from rlrag_jax import compile_cache, evaluation, fingerprint, judge, runlog
 from rlrag_jax.models import LM, ModelConfig, hf_io, load_hf, save_hf
 from rlrag_jax.rollout.policy import Policy
 from rlrag_jax.tasks import get_task
@@ -68,6 +68,12 @@ def run(config, *, resume: bool = False, progress: bool = True,
     r.ckpt.close()
     r.compiles.close()
     return None
+  except judge.EndpointFailing:       # the judge or reader is down: the last checkpoint is
+    if r.bar is not None:             # written in full, so --resume goes on once it is back
+      r.bar.close()
+    r.ckpt.close()
+    r.compiles.close()
+    raise
   if r.bar is not None:
     r.bar.close()
   if config.checkpoint.every and r.ckpt.latest_step() != r.step:

@@ -111,6 +111,39 @@ def test_run_writes_report_and_exports_a_transformers_checkpoint(tmp_path):
   np.testing.assert_allclose(np.asarray(lm.logits(ids)), ours, atol=1e-6)
 
 
+def test_judge_counts_are_logged_per_step_and_a_dead_judge_stops_the_run(tmp_path,
+                                                                          monkeypatch):
+  """A judge that answers 8 requests and then only 500s: eval_before (4 questions) and RL
+  steps 4-5 (2 each) are judged, step 6 fails twice, step 7 passes the limit (more than 2 of the
+  last 4 failed): the run stops with EndpointFailing, its step-6 checkpoint on disk."""
+  import itertools
+  from chat_server import serve
+  from rlrag_jax import judge
+  from rlrag_jax.checkpoint import CheckpointManager
+  from rlrag_jax.methods.arena.task import ArenaTask
+  monkeypatch.setattr(ArenaTask, "decode", lambda self, ids: (
+      "<relevance>[1]</relevance><analysis>a</analysis><answer>Paris</answer>"))
+  work = tmp_path / "run"
+  c = tiny_config(work)
+  c.export_hf = False
+  c.reward.accuracy = "judge"
+  c.reward.judge_model, c.reward.judge_failure_window = "m", 4
+  count = itertools.count()
+  with serve(lambda body: "yes" if next(count) < 8 else None) as chat:
+    c.reward.judge_url = chat.url
+    with pytest.raises(judge.EndpointFailing, match="reward.judge_max_failure_rate=0.5"):
+      trainer.run(c, progress=False)
+  rows = {(r["stage"], r["step"]): r for r in _rows(work)}
+  assert rows[("eval_before", 3)]["judge/calls"] == 4.0
+  for step, failures in ((4, 0.0), (5, 0.0), (6, 2.0)):
+    r = rows[("rl", step)]
+    assert (r["judge/calls"], r["judge/failures"], r["judge/failure_rate"]) == (
+        2.0, failures, failures / 2), step
+  assert rows[("rl", 6)]["judge/failures_http"] == 2.0 and ("rl", 7) not in rows
+  assert rows[("rl", 4)]["reward/accuracy"] == 1.0 and rows[("rl", 6)]["reward/accuracy"] == 0.0
+  assert CheckpointManager(work / "checkpoints", max_to_keep=None).latest_step() == 6
+
+
 def test_build_model_carries_the_attention_block_and_remat(tmp_path):
   from rlrag_jax.generate import byte_level_tokenizer
   c = tiny_config(tmp_path)

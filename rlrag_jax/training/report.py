@@ -27,7 +27,11 @@ def log_step(rlog, step, stage, m, every, bar):
     bar.update(1)
     if step % max(every, 1) == 0:
       shown = {k: m[k] for k in ("loss", "reward/total", "reward/format", "kl") if k in m}
-      bar.set_postfix({stage: " ".join(f"{k.split('/')[-1]}={v:.3f}" for k, v in shown.items())})
+      text = " ".join(f"{k.split('/')[-1]}={v:.3f}" for k, v in shown.items())
+      for name in sorted(k[:-len("/failure_rate")] for k in m if k.endswith("/failure_rate")):
+        text += (f" {name}_failed={m[name + '/failures']:.0f}/{m[name + '/calls']:.0f}"
+                 f" ({m[name + '/failure_rate']:.0%})")
+      bar.set_postfix({stage: text})
 
 
 def final_label(config) -> str:

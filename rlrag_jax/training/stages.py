@@ -18,11 +18,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rlrag_jax import runlog
+from rlrag_jax import judge, runlog
 from rlrag_jax.data.pipeline import BatchIterator
 from rlrag_jax.models import sharding
 from rlrag_jax.rollout.batch import (logits_start, pack, pack_micro_batch, packed_lengths,
                                      plan_micro_batches)
+from rlrag_jax.tasks import monitors_of
 from rlrag_jax.training import collection, learners, report
 
 log = logging.getLogger("rlrag_jax.trainer")
@@ -212,6 +213,7 @@ class RLStage:
       run.step += 1
       key = jax.random.fold_in(run.base_key, run.step)
       t0 = time.time()
+      endpoints = judge.Span(monitors_of(run.task))   # judge/..., reader/... of this step
       episodes, scores, fill = collection.collect(
           run.task, run.policy.with_params(run.state.params), run.iterators["rl"], key, config,
           run.step)
@@ -224,6 +226,7 @@ class RLStage:
       m["rollout_s"] = rollout_s
       m["step_s"] = time.time() - t0
       m.update({f"dynamic/{k}": v for k, v in fill.items()})
+      m.update(endpoints.metrics())
       m.update(run.compiles.take())
       done = run.step - run.sft_total
       if config.eval.every and done % config.eval.every == 0 and run.step < end:

@@ -314,6 +314,31 @@ def test_unjudged_reply_scores_wrong_and_is_counted(task, monkeypatch):
   assert r["correct"] == 0.0 and r["answer"] == -1.0 and r["judge_failed"] == 1.0
 
 
+def test_batched_rewards_ask_the_judge_once_per_distinct_answer(task):
+  """task.rewards (the trainer's batch hook) asks each distinct answer once, concurrently, and
+  scores as reward() does one by one; task.monitors() hands the judge's counters to the trainer."""
+  from chat_server import serve
+  from rlrag_jax import judge
+  ex = task.train[0]
+  texts = [f"<think>t</think>\n<reflect>r</reflect>\n<answer>{a}</answer>"
+           for a in (ex.answers[0], "zz", ex.answers[0], "qq")] + ["<think>no answer</think>"]
+  eps = [_episode(task, t, ex) for t in texts]
+  with serve(lambda body: "no" if "zz" in body["messages"][-1]["content"] else
+             ("maybe" if "qq" in body["messages"][-1]["content"] else "yes")) as chat:
+    task._judge = judge.OpenAIJudge(chat.url, "m", prompt=task.judge_prompt, concurrency=4)
+    try:
+      batch = task.rewards(eps, 1)
+      assert len(chat.bodies) == 3                 # the repeated answer is asked once
+      one_by_one = [task.reward(e, 1) for e in eps]
+      assert task.monitors() == [task._judge.monitor] and task._judge.failures == 2
+    finally:
+      task._judge = None
+  assert batch == one_by_one
+  assert [r["correct"] for r in batch] == [1.0, 0.0, 1.0, 0.0, 0.0]
+  assert [r["judge_failed"] for r in batch] == [0.0, 0.0, 0.0, 1.0, 0.0]
+  assert task.monitors() == []
+
+
 # ---------------------------------------------------------------- reference pipelines
 def test_pipelines_with_a_scripted_policy(task):
   from rlrag_jax.experiments import search_baselines

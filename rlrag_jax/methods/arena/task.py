@@ -34,7 +34,7 @@ class ArenaTask:
     self.weights = {k: float(r[k]) for k in REWARD_WEIGHTS}
     self.relevance_parse = r.get("relevance_parse", "strict")
     self.accuracy = r.get("accuracy", "em")
-    self.judge = judge_lib.from_config(r, prompt=self.judge_prompt)
+    self.judge = judge_lib.from_config(r, prompt=self.judge_prompt, where="reward")
     if self.accuracy == "judge" and self.judge is None:
       raise ValueError("config key 'reward.accuracy' is 'judge' but 'reward.judge_url' is empty")
     self.sft_kind = config.sft.get("target", "structured")
@@ -87,22 +87,40 @@ class ArenaTask:
                        group_size=group_size, greedy=greedy)
 
   def reward(self, episode, step: int = 0) -> dict:
+    return self._reward(episode, self.judge)
+
+  def rewards(self, episodes, step: int = 0) -> list:
+    """`reward` of each episode, the judge's questions asked concurrently (judge.batched)."""
+    return judge_lib.batched(self.judge, lambda j: [self._reward(ep, j) for ep in episodes])
+
+  def _reward(self, episode, judge_fn) -> dict:
     ex = episode.example
     judge, verdicts = None, []
-    if self.judge is not None:
+    if judge_fn is not None:
       def judge(answer, aliases):
-        verdicts.append(self.judge(ex.question, answer, aliases))
+        verdicts.append(judge_fn(ex.question, answer, aliases))
         return verdicts[-1]
     out = rewards.reward(episode.text, ex.answers, prompts.reference_numbers(ex).gold,
                          relevance_parse=self.relevance_parse, accuracy=self.accuracy,
                          judge=judge, **self.weights)
-    if self.judge is not None:     # "not judged" scored 0; its mean is the failure rate
+    if judge_fn is not None:       # "not judged" scored 0; its mean is the failure rate
       out["judge_failed"] = float(any(v is None for v in verdicts))
     return out
 
+  def monitors(self) -> list:
+    """The judge's failure monitor (its counts go into the step metrics as judge/...)."""
+    return [self.judge.monitor] if self.judge is not None else []
+
   def eval_metrics(self, episode) -> dict:
+    return self._eval_metrics(episode, self.judge)
+
+  def eval_metrics_batch(self, episodes) -> list:
+    return judge_lib.batched(self.judge,
+                             lambda j: [self._eval_metrics(ep, j) for ep in episodes])
+
+  def _eval_metrics(self, episode, judge_fn) -> dict:
     ex = episode.example
-    r = self.reward(episode)
+    r = self._reward(episode, judge_fn)
     answer = parsing.parse(episode.text, self.relevance_parse).answer or ""
     if self.sft_kind == "direct":        # SFT-direct replies with the bare answer
       answer = episode.text.strip()

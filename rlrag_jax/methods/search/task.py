@@ -302,15 +302,17 @@ class SearchTask:
     rl_step = int(step) - self.sft_steps
     return 2 if 0 < self.stage2_step <= rl_step else 1
 
-  def _score(self, episode, stage: int, verdicts: Optional[list] = None) -> rewards.Score:
+  def _score(self, episode, stage: int, verdicts: Optional[list] = None,
+             judge_fn=None) -> rewards.Score:
+    """`judge_fn(question, prediction, answers)`: the judge, or a `judge.batched` stand-in."""
     r = self.config.reward
     judge = None
-    if self._judge is not None:
+    if judge_fn is not None:
       question = episode.example.question
 
       def judge(pred, answers):        # the paper's judge sees normalised strings (B.4)
-        v = self._judge(question, metrics.normalize_answer(pred),
-                        [metrics.normalize_answer(a) for a in answers])
+        v = judge_fn(question, metrics.normalize_answer(pred),
+                     [metrics.normalize_answer(a) for a in answers])
         if verdicts is not None:
           verdicts.append(v)
         return v is True
@@ -325,24 +327,44 @@ class SearchTask:
                          use_answer=bool(r.get("use_answer", True)))
 
   def reward(self, episode, step: int = 0) -> dict:
+    return self._reward(episode, step, self._judge)
+
+  def rewards(self, episodes, step: int = 0) -> list:
+    """`reward` of each episode, the judge's questions asked concurrently (judge.batched)."""
+    return judge_lib.batched(self._judge,
+                             lambda j: [self._reward(ep, step, j) for ep in episodes])
+
+  def _reward(self, episode, step: int, judge_fn) -> dict:
     stage = self.stage(step)
     verdicts = []
-    out = self._score(episode, stage, verdicts).as_dict()
+    out = self._score(episode, stage, verdicts, judge_fn).as_dict()
     out["stage"] = float(stage)
-    if self._judge is not None:      # "not judged" scores as wrong; its mean is the failure rate
+    if judge_fn is not None:         # "not judged" scores as wrong; its mean is the failure rate
       out["judge_failed"] = float(any(v is None for v in verdicts))
     return out
+
+  def monitors(self) -> list:
+    """The judge's failure monitor (its counts go into the step metrics as judge/...)."""
+    return [self._judge.monitor] if self._judge is not None else []
 
   def eval_metrics(self, episode) -> dict:
     """em, f1, accuracy (the reward's correctness), rc (search calls), format (valid A or B),
     direct (share of structure A), both stages' total rewards, and the prediction."""
-    s = self._score(episode, 1)
+    return self._eval_metrics(episode, self._judge)
+
+  def eval_metrics_batch(self, episodes) -> list:
+    return judge_lib.batched(self._judge,
+                             lambda j: [self._eval_metrics(ep, j) for ep in episodes])
+
+  def _eval_metrics(self, episode, judge_fn) -> dict:
+    s = self._score(episode, 1, judge_fn=judge_fn)
     answer = s.parsed.answer or ""
     ex = episode.example
     return {"em": metrics.exact_match(answer, ex.answers), "f1": metrics.f1(answer, ex.answers),
             "accuracy": float(s.correct), "rc": float(s.retrieval_count),
             "format": float(s.parsed.valid), "direct": float(s.parsed.structure == "A"),
-            "reward_stage1": s.total, "reward_stage2": self._score(episode, 2).total,
+            "reward_stage1": s.total,
+            "reward_stage2": self._score(episode, 2, judge_fn=judge_fn).total,
             "prediction": answer}
 
   # ---------------------------------------------------------------- tokenizer data, report
@@ -417,7 +439,7 @@ def _known_steps(train, min_seen: int) -> dict:
 
 
 def _judge(reward_cfg):
-  return judge_lib.from_config(reward_cfg, prompt=SearchTask.judge_prompt)
+  return judge_lib.from_config(reward_cfg, prompt=SearchTask.judge_prompt, where="reward")
 
 
 def _tokenizer(config, task):

@@ -5,8 +5,12 @@
                   config's auxiliary model `models.reader`), greedy, one batched call, stopping
                   after its thought or answer.
   EndpointReader  an OpenAI-compatible chat endpoint (plug-and-play: any reader, no retraining).
-                  The thoughts so far are in the user message; a failed request is an empty
-                  text (a malformed step), never an exception.
+                  The thoughts so far are in the user message; a batch is asked by a pool of
+                  `concurrency` threads, in order. A failed request is an empty text (a
+                  malformed step), never an exception of its own; its `monitor` (a
+                  judge.FailureMonitor, metrics reader/...) warns when failures pass 5% of the
+                  recent requests and stops the run (`judge.EndpointFailing`) past
+                  `max_failure_rate` of the last `failure_window`.
 
 Both write the paper's prompts (prompts.reader_text); a reasoning reader writes free text split
 on newlines and answers in \\boxed{}.
@@ -37,6 +41,9 @@ class LMReader:
                          pad_id=tok.pad_token_id or 0, stop=stops)
     self.calls, self.rows, self.seconds = 0, 0, 0.0
 
+  def monitors(self) -> list:
+    return []                        # in-process: nothing to fail like an endpoint
+
   def prompt_ids(self, question: str, docs: Sequence[tuple], thoughts: Sequence[str]) -> list:
     text = prompts.reader_text(question, docs, thoughts, self.style, self.passage_words,
                                self.reasoning)
@@ -63,13 +70,26 @@ class EndpointReader:
 
   def __init__(self, url: str, model: str, *, style: str = "paper", max_tokens: int = 256,
                reasoning: bool = False, passage_words: int = 0, timeout: float = 60.0,
-               api_key: str = ""):
+               api_key: str = "", concurrency: int = 16, max_failure_rate: float = 0.5,
+               failure_window: int = 200, key_prefix: str = "sparkle.reader."):
+    from rlrag_jax.judge import FailureMonitor, at_least_one
     base = url.rstrip("/")
     self.url = base if base.endswith("/chat/completions") else base + "/chat/completions"
     self.model, self.style, self.max_tokens = model, style, int(max_tokens)
     self.reasoning, self.passage_words = bool(reasoning), int(passage_words)
     self.timeout, self.api_key = float(timeout), api_key
-    self.calls, self.rows, self.seconds, self.failures = 0, 0, 0.0, 0
+    self.concurrency = at_least_one(concurrency, f"{key_prefix}concurrency")
+    self.monitor = FailureMonitor("reader", self.url, max_failure_rate=max_failure_rate,
+                                  window=failure_window, key_prefix=key_prefix,
+                                  consequence="is an empty, malformed reader step")
+    self.calls, self.rows, self.seconds = 0, 0, 0.0      # calls: batches asked
+
+  @property
+  def failures(self) -> int:
+    return self.monitor.failures
+
+  def monitors(self) -> list:
+    return [self.monitor]
 
   def body(self, question: str, docs: Sequence[tuple], thoughts: Sequence[str]) -> dict:
     text = prompts.reader_text(question, docs, thoughts, self.style, self.passage_words,
@@ -83,22 +103,22 @@ class EndpointReader:
     return body
 
   def __call__(self, requests: Sequence[tuple]) -> list:
-    from rlrag_jax.judge import chat_completion
+    from rlrag_jax.judge import map_bounded
     t0 = time.perf_counter()
-    out = []
-    for q, d, t in requests:
-      reply = chat_completion(self.url, self.body(q, d, t), api_key=self.api_key,
-                              timeout=self.timeout)
-      if reply is None:
-        self.failures += 1
-        reply = ""
-      elif not self.reasoning:
-        reply = _close(reply)
-      out.append(reply)
+    out = map_bounded(self._one, requests, self.concurrency, self.monitor)
     self.calls += 1
     self.rows += len(requests)
     self.seconds += time.perf_counter() - t0
     return out
+
+  def _one(self, request: tuple) -> str:
+    from rlrag_jax.judge import ask
+    reply = ask(self.url, self.body(*request), api_key=self.api_key, timeout=self.timeout)
+    if reply.text is None:
+      self.monitor.record(reply.error, reply.kind)
+      return ""
+    self.monitor.record()
+    return reply.text if self.reasoning else _close(reply.text)
 
 
 def _close(reply: str) -> str:

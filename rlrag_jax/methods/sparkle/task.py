@@ -133,7 +133,9 @@ class ProxyTask:
     if r.get("url", ""):
       self.reader = readers.EndpointReader(
           r.url, r.model, style=self.style, max_tokens=int(r.get("max_tokens", 256)),
-          reasoning=self.agent_cfg.reasoning_reader, passage_words=self.agent_cfg.passage_words)
+          reasoning=self.agent_cfg.reasoning_reader, passage_words=self.agent_cfg.passage_words,
+          concurrency=r.concurrency, max_failure_rate=r.max_failure_rate,
+          failure_window=r.failure_window, key_prefix="sparkle.reader.")
 
   def bind_models(self, models) -> None:
     unknown = sorted(set(models) - {"reader"})
@@ -172,6 +174,10 @@ class ProxyTask:
                        "dir or HF checkpoint) or 'sparkle.reader.url' (an OpenAI-compatible "
                        "endpoint)")
     return self.reader(requests)
+
+  def monitors(self) -> list:
+    """The endpoint reader's failure monitor (step metrics reader/...); none for an LM reader."""
+    return self.reader.monitors() if self.reader is not None else []
 
   def agent(self, policy, rng=None) -> agent_lib.Agent:
     """The agent with `policy` as the proxy (sampling at its temperature unless greedy)."""
