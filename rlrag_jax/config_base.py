@@ -51,6 +51,10 @@ trainer (`rlrag_jax.trainer`) reads these sections for every method:
             batch_size, optional OpenAI-compatible judge (judge_url, judge_model).
   checkpoint  every, keep;  log_every;  export_hf (an HF checkpoint of the final policy).
   compile_cache  the persistent XLA compile cache ('auto': ~/.cache/rlrag_jax/xla; '': off).
+
+`trainer.run` checks every value against the table of `rlrag_jax.config_check` (the shared
+sections) and `rlrag_jax/methods/<method>/config_rules.py` (a method's own) before it builds
+anything.
 """
 import ml_collections
 

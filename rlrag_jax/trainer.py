@@ -17,7 +17,7 @@ from typing import Any, Optional
 
 import jax
 
-from rlrag_jax import compile_cache, evaluation, runlog
+from rlrag_jax import compile_cache, config_check, evaluation, runlog
 from rlrag_jax.models import LM, ModelConfig, hf_io, load_hf, save_hf
 from rlrag_jax.rollout.policy import Policy
 from rlrag_jax.tasks import get_task
@@ -40,7 +40,9 @@ class RunResult:
 def run(config, *, resume: bool = False, progress: bool = True,
         stop_after: Optional[int] = None) -> Optional[RunResult]:
   """Trains as `config` says. `stop_after=k` abandons the run right after global step k, without
-  any final save (what a killed process leaves behind: checkpoints up to the last interval)."""
+  any final save (what a killed process leaves behind: checkpoints up to the last interval).
+  A value outside what its key allows is a `config_check.ConfigError`, before anything is built."""
+  config_check.check(config)
   _enable_compile_cache(config)             # before _setup: building the model compiles
   r = _setup(config, stop_after)
   if resume:
@@ -175,6 +177,7 @@ def task_for_checkpoint(config, path, step: Optional[int] = None) -> tuple:
   or with the HF checkpoint as its model, its auxiliary models bound. Raises FileNotFoundError
   (from `load_trained`) for a path that holds neither."""
   from rlrag_jax.models.sharding import make_mesh
+  config_check.check(config)
   lm = load_trained(path, step=step)
   ckpt = pathlib.Path(path)
   if (ckpt / "model").is_dir():               # the run's own tokenizer

@@ -22,6 +22,8 @@ from rlrag_jax.data.schema import Example
 
 log = logging.getLogger("rlrag_jax.data")
 
+SOURCES = ("world", "files")          # config key data.source
+
 
 class QuotaError(ValueError):
   """A `data.mix` entry asks for more examples than its split holds."""
@@ -53,7 +55,7 @@ def select(data_cfg, seed: int = 0) -> Selection:
       check_disjoint(train, ev)
     sel = Selection(train, ev, [])
   else:
-    raise ValueError(f"config key 'data.source' is {data_cfg.source!r}; expected 'world' or 'files'")
+    raise ValueError(f"config key 'data.source' is {data_cfg.source!r}; expected one of {SOURCES}")
   rng = random.Random(seed)
   rng.shuffle(sel.train)
   if data_cfg.max_train:
