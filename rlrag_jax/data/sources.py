@@ -92,10 +92,21 @@ def _load_spec(spec: str, data_cfg, seed: int, key: str) -> list:
   name, split, count = parse_spec(spec, key)
   path = None
   if data_cfg.dir:
+    root = pathlib.Path(data_cfg.dir).expanduser()
+    if not root.is_dir():
+      raise FileNotFoundError(f"config key 'data.dir' is {data_cfg.dir!r}, which is not a "
+                              f"directory (it holds the datasets of {key} entry {spec!r}, in "
+                              "place of RLRAG_DATA_DIR)")
     dataset, subset = loaders._canonical(name)  # pylint: disable=protected-access
-    path = pathlib.Path(data_cfg.dir) / (subset or loaders.FOLDERS[dataset])
-  examples = list(loaders.load_dataset(name, path=path, split=split,
-                                       skip_invalid=data_cfg.skip_invalid))
+    path = root / (subset or loaders.FOLDERS[dataset])
+  try:
+    examples = list(loaders.load_dataset(name, path=path, split=split,
+                                         skip_invalid=data_cfg.skip_invalid))
+  except FileNotFoundError as e:
+    if path is None:
+      raise
+    raise FileNotFoundError(f"config key 'data.dir' is {data_cfg.dir!r}, {key} entry "
+                            f"{spec!r}: {e}") from None
   if not count:
     return examples
   if count > len(examples):
