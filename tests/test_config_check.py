@@ -30,20 +30,23 @@ def test_every_table_pattern_names_a_key_of_some_config(loaded):
   assert config_check.unmatched(sorted(table), sorted(keys)) == []
 
 
-def test_every_enum_like_string_key_has_a_rule(loaded):
-  """Each string key that holds one of a few names has a rule; paths, URLs, model names and
-  keys whose values the task decides are listed here as free text."""
+def test_every_enum_like_string_and_every_number_has_a_rule(loaded):
+  """Each string key that holds one of a few names, and each number, has a rule. Free: paths,
+  URLs, model names, keys whose values the task decides, seeds, models.<name>.step (-1: the
+  latest checkpoint) and reward.stage2_step (<= 0: never)."""
   free = ("workdir", "compile_cache", "data.dir", "model.path", "model.train_config",
           "models.*", "distributed.coordinator_address", "eval.judge_*", "reward.judge_*",
           "retrieval.corpus", "retrieval.encoder_path", "retrieval.cache_dir", "sft.teacher_traces",
           "apex.encoder_path", "apex.gold_plans", "apex.trajectories", "sparkle.reader.url",
           "sparkle.reader.model", "sparkle.triples_file", "sparkle.sft_trajectories",
-          "rl.dynamic_sampling_key", "rl.ppo.whiten_by")
+          "rl.dynamic_sampling_key", "rl.ppo.whiten_by", "seed", "data.world.seed",
+          "reward.stage2_step")
   missing = set()
   for c in loaded.values():
     table = config_check.rules_for(c.method)
     for key, value in config_check.flat(c).items():
-      if (isinstance(value, str) and not any(fnmatch.fnmatchcase(key, p) for p in free)
+      checked = isinstance(value, (str, int, float)) and not isinstance(value, bool)
+      if (checked and not any(fnmatch.fnmatchcase(key, p) for p in free)
           and not any(fnmatch.fnmatchcase(key, p) for p in table)):
         missing.add(key)
   assert not missing
