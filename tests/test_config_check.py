@@ -76,6 +76,8 @@ BAD = [
     ("search.py", "retrieval.backend=faiss", "retrieval.backend='faiss': must be one of exact, scann"),
     ("sparkle.py", "sparkle.agent.ki_mode=some",
      "sparkle.agent.ki_mode='some': must be one of triple, document, all"),
+    ("sparkle.py", "sparkle.agent.ki_fallback=first",
+     "sparkle.agent.ki_fallback='first': must be one of top, none"),
     ("sparkle.py", "rl.ppo.critic=big", "rl.ppo.critic='big': must be one of separate, head, tree_mc"),
     ("r2ag.py", "r2ag.forest.carry=all", "r2ag.forest.carry='all': must be one of gold, branch"),
     ("arena.py", "rl.lr=-0.001", "rl.lr=-0.001: must be > 0"),
