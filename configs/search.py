@@ -205,7 +205,7 @@ def get_config(arg: str = ""):
     # cases on the world, so a second one would only lengthen every sequence.
     c.tool = ml_collections.ConfigDict(dict(
         top_k=1, max_turns=5, max_obs_tokens=64, max_total_len=384, min_batch=16,
-        context_bucket=128, kv_reuse=True))
+        context_bucket=128, max_prompt_len=0, kv_reuse=True))
     c.eval.every = 10                   # RL step 10 is the end of stage 1
     c.eval.num_examples = 240
     c.eval.max_new_tokens = 40

@@ -4,6 +4,7 @@ frozen reader; PPO with a value model on binary tree rollouts with pruning and M
 
   python -m rlrag_jax.train --config=configs/sparkle.py            # CPU default, embedded world
   python -m rlrag_jax.train --config=configs/sparkle.py --config.sparkle.rollout=standard
+  python -m rlrag_jax.train --config=configs/sparkle.py --config.sparkle.agent.ki_mode=all  # w/o KI
   python -m rlrag_jax.train --config=configs/sparkle.py:paper \\
       --config.model.path=/path/to/Qwen2.5-3B-Instruct \\
       --config.models.reader.path=/path/to/Qwen2.5-7B-Instruct --config.data.dir=/path/to/data
@@ -18,6 +19,10 @@ the mean leaf reward below it; R = α·Recall(final context) + (1 − α)·F1. T
 reader is trained once by configs/sparkle_reader.py (`models.reader.train_config`) and reused.
 `sparkle_report.txt` holds F1, EM, recall and cumulative Recall@5 per step for the reader
 alone, naive RAG, SPARKLE after SFT and after PPO.
+The paper's agent ablations (Table 4) are keys of `sparkle.agent`: rd_mode 'reader' (w/o RD:
+the reader's thought asks for a search), qf_mode 'direct' (no reasoning chain) or 'rd' (w/o QF:
+RD writes the query), ki_mode 'document' (KI selects a document) or 'all' (w/o KI: the top
+`all_docs` documents join, 0: top_docs).
 
 Presets (`get_config(arg)`):
   ''       small models from scratch on the embedded world's 2-hop questions: a partial SFT
@@ -117,7 +122,12 @@ def base_config() -> ml_collections.ConfigDict:
       agent=ml_collections.ConfigDict(dict(
           top_docs=10, top_triples=20, max_steps=10, max_retrievals=5, recall_k=5,
           rd_default=False, ki_fallback="top", ki_output="triple", reasoning_reader=False,
-          passage_words=0)),
+          passage_words=0,
+          # The paper's agent ablations (Table 4), rlrag_jax/methods/sparkle/agent.py:
+          rd_mode="agent",                # 'reader': w/o RD, the reader's thought asks to search
+          qf_mode="chain",                # 'direct': no reasoning chain; 'rd': w/o QF, RD writes it
+          ki_mode="triple",               # 'document': KI selects a document; 'all': w/o KI
+          all_docs=0)),                   # ki_mode 'all': documents added a retrieval (0: top_docs)
       max_new=ml_collections.ConfigDict(dict(rd=8, qf=160, ki=48, reader=160)),
       reward=ml_collections.ConfigDict(dict(alpha=0.3, weighting="paper")),
       # An OpenAI-compatible reader instead of models.reader (plug-and-play: any reader):

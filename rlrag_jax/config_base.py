@@ -54,6 +54,10 @@ trainer (`rlrag_jax.trainer`) reads these sections for every method:
             calls failed, 1.0: never; see rlrag_jax.judge).
   checkpoint  every, keep;  log_every;  export_hf (an HF checkpoint of the final policy).
   compile_cache  the persistent XLA compile cache ('auto': ~/.cache/rlrag_jax/xla; '': off).
+
+`trainer.run` checks every value against the table of `rlrag_jax.config_check` (the shared
+sections) and `rlrag_jax/methods/<method>/config_rules.py` (a method's own) before it builds
+anything.
 """
 import ml_collections
 

@@ -17,7 +17,7 @@ from typing import Any, Optional
 
 import jax
 
-from rlrag_jax import compile_cache, evaluation, fingerprint, judge, runlog
+from rlrag_jax import compile_cache, config_check, evaluation, fingerprint, judge, runlog
 from rlrag_jax.models import LM, ModelConfig, hf_io, load_hf, save_hf
 from rlrag_jax.rollout.policy import Policy
 from rlrag_jax.tasks import get_task
@@ -42,10 +42,12 @@ def run(config, *, resume: bool = False, progress: bool = True,
   """Trains as `config` says. `stop_after=k` abandons the run right after global step k, without
   any final save (what a killed process leaves behind: checkpoints up to the last interval).
 
+  A value outside what its key allows is a `config_check.ConfigError`, before anything is built.
   A workdir that already holds a run of another config (`rlrag_jax.fingerprint`) is a
   `fingerprint.ConfigMismatch` naming the differing keys, raised before anything is built;
   `force=True` starts anyway and records that it did in `<workdir>/fingerprint.json`.
   """
+  config_check.check(config)
   identity = fingerprint.verify(config.workdir, config, force=force)
   _enable_compile_cache(config)             # before _setup: building the model compiles
   r = _setup(config, stop_after)
@@ -188,6 +190,7 @@ def task_for_checkpoint(config, path, step: Optional[int] = None) -> tuple:
   or with the HF checkpoint as its model, its auxiliary models bound. Raises FileNotFoundError
   (from `load_trained`) for a path that holds neither."""
   from rlrag_jax.models.sharding import make_mesh
+  config_check.check(config)
   lm = load_trained(path, step=step)
   ckpt = pathlib.Path(path)
   if (ckpt / "model").is_dir():               # the run's own tokenizer

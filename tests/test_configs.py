@@ -33,14 +33,51 @@ def test_apex_executor_is_sft_only():
 
 def test_commands_that_tests_import_load_together_with_the_trainer():
   """Commands that tests import define their absl flags only when run (a second 'config' flag
-  in one process is a DuplicateFlagError at collection)."""
+  in one process is a DuplicateFlagError at collection): after importing them all, the only
+  module with flags is the trainer's entry point."""
   import importlib
-  for mod in ("rlrag_jax.train", "rlrag_jax.experiments.headroom",
-              "rlrag_jax.experiments.grad_noise",
-              "rlrag_jax.methods.apex.pipeline",
-              "rlrag_jax.methods.apex.self_instruct", "rlrag_jax.methods.apex.rewrite",
-              "rlrag_jax.methods.apex.calibrate"):
-    importlib.import_module(mod)
+  from absl import flags
+  others = ("rlrag_jax.experiments.headroom", "rlrag_jax.experiments.grad_noise",
+            "rlrag_jax.methods.apex.pipeline", "rlrag_jax.methods.apex.self_instruct",
+            "rlrag_jax.methods.apex.rewrite", "rlrag_jax.methods.apex.calibrate")
+  for mod in ("rlrag_jax.train",) + others:
+    assert callable(importlib.import_module(mod).main), mod
+  by_module = {m: sorted(f.name for f in fl)
+               for m, fl in flags.FLAGS.flags_by_module_dict().items()}
+  assert by_module["rlrag_jax.train"] == ["config", "quiet", "resume", "workdir"]
+  assert [m for m in others if m in by_module] == []
+
+
+def _accepted_presets(mod) -> set:
+  """The preset names `get_config(arg)` compares `arg` with (string constants, tuples of them,
+  or module-level tuples such as PAPER_PRESETS)."""
+  import ast
+  import inspect
+  fn = next(n for n in ast.parse(inspect.getsource(mod)).body
+            if isinstance(n, ast.FunctionDef) and n.name == "get_config")
+  names = set()
+  for node in ast.walk(fn):
+    if isinstance(node, ast.Compare) and isinstance(node.left, ast.Name) and node.left.id == "arg":
+      for comp in node.comparators:
+        if isinstance(comp, ast.Constant):
+          names.add(comp.value)
+        elif isinstance(comp, ast.Tuple):
+          names |= {e.value for e in comp.elts}
+        elif isinstance(comp, ast.Name):
+          names |= set(getattr(mod, comp.id))
+  return names
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_the_docstring_lists_every_preset_and_each_builds(name):
+  """config_specs.presets (what the config tests go over) is the docstring's list; it must be
+  exactly what get_config accepts, less the aliases of ''."""
+  import config_specs
+  mod = importlib.import_module(f"configs.{name}")
+  listed = config_specs.presets(name)
+  assert set(listed) == _accepted_presets(mod) - set(config_specs.ALIASES)
+  for preset in listed + config_specs.ALIASES:
+    assert mod.get_config(preset).method
 
 
 def test_r2ag_long_warmup_differs_from_the_default_only_in_its_two_keys():

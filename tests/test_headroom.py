@@ -70,8 +70,13 @@ def test_headroom_matches_the_exact_first_token_distribution(tmp_path):
     want_sampled = p.mean()
     sd = np.sqrt((p * (1 - p)).sum() / k) / len(p)
     assert abs(out["total"][t]["sampled"] - want_sampled) < 4 * sd + 1e-9, (t, out, want_sampled)
-    want_best = (1 - (1 - p) ** k).mean()
-    assert out["total"][t]["best"] == pytest.approx(want_best, abs=0.1)
+    # best-of-k is the mean over the prompts of Bernoulli(1 - m) draws, m = (1 - p)^k the
+    # chance that none of a prompt's k samples is even: mean 1 - mean(m), sd sqrt(sum m(1-m))/n.
+    # Here every p >= 0.15, so each m <= 3e-5: one missed prompt (best 11/12) is far outside.
+    miss = (1 - p) ** k
+    want_best = 1 - miss.mean()
+    sd_best = np.sqrt((miss * (1 - miss)).sum()) / len(p)
+    assert abs(out["total"][t]["best"] - want_best) < 4 * sd_best + 1e-9, (t, out, want_best)
     assert out["total"][t]["best"] >= out["total"][t]["sampled"]
     assert out["constant"][t] == {"sampled": 1.0, "best": 1.0, "spread": 0.0}
   print("P(even) per temperature:", {t: np.round(p_even[t], 2).tolist() for t in temps})

@@ -410,11 +410,13 @@ def _canonical(name: str) -> tuple:
   return key, None
 
 
-def _missing_file(desc: str, path: pathlib.Path) -> FileNotFoundError:
+def _missing_file(desc: str, path: pathlib.Path, given: bool = False) -> FileNotFoundError:
+  """`given`: `path` came from the caller (a file or folder argument, config key data.dir),
+  not from the data dir, which the message then does not name."""
   found = sorted(p.name for p in path.parent.glob("*.json*")) if path.parent.is_dir() else []
-  return FileNotFoundError(f"{desc}: expected file {path}, which does not exist "
-                           f"(data dir {paths.data_dir()}, set RLRAG_DATA_DIR; files there: "
-                           f"{found or 'none'})")
+  origin = "path given by the caller" if given else paths.data_dir_origin()
+  return FileNotFoundError(f"{desc}: expected file {path}, which does not exist ({origin}; "
+                           f"files there: {found or 'none'})")
 
 
 def dataset_path(name: str, split: Optional[str] = None,
@@ -434,12 +436,15 @@ def dataset_path(name: str, split: Optional[str] = None,
     p = pathlib.Path(path).expanduser()
     if p.is_file():
       return p
+    given = True
     if p.is_dir():
       p = p / f"{split}.jsonl"
     elif dataset == "flashrag" and p.suffix == "" and len(p.parts) == 1:
-      p = paths.data_dir() / p.name / f"{split}.jsonl"
+      p, given = paths.data_dir() / p.name / f"{split}.jsonl", False
+    elif p.suffix == "":              # a folder that does not exist: name the file it would hold
+      p = p / f"{split}.jsonl"
     if not p.is_file():
-      raise _missing_file(desc, p)
+      raise _missing_file(desc, p, given)
     return p
   if dataset == "flashrag":
     if subset is None:

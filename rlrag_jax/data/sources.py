@@ -22,6 +22,8 @@ from rlrag_jax.data.schema import Example
 
 log = logging.getLogger("rlrag_jax.data")
 
+SOURCES = ("world", "files")          # config key data.source
+
 
 class QuotaError(ValueError):
   """A `data.mix` entry asks for more examples than its split holds."""
@@ -53,7 +55,7 @@ def select(data_cfg, seed: int = 0) -> Selection:
       check_disjoint(train, ev)
     sel = Selection(train, ev, [])
   else:
-    raise ValueError(f"config key 'data.source' is {data_cfg.source!r}; expected 'world' or 'files'")
+    raise ValueError(f"config key 'data.source' is {data_cfg.source!r}; expected one of {SOURCES}")
   rng = random.Random(seed)
   rng.shuffle(sel.train)
   if data_cfg.max_train:
@@ -90,10 +92,21 @@ def _load_spec(spec: str, data_cfg, seed: int, key: str) -> list:
   name, split, count = parse_spec(spec, key)
   path = None
   if data_cfg.dir:
+    root = pathlib.Path(data_cfg.dir).expanduser()
+    if not root.is_dir():
+      raise FileNotFoundError(f"config key 'data.dir' is {data_cfg.dir!r}, which is not a "
+                              f"directory (it holds the datasets of {key} entry {spec!r}, in "
+                              "place of RLRAG_DATA_DIR)")
     dataset, subset = loaders._canonical(name)  # pylint: disable=protected-access
-    path = pathlib.Path(data_cfg.dir) / (subset or loaders.FOLDERS[dataset])
-  examples = list(loaders.load_dataset(name, path=path, split=split,
-                                       skip_invalid=data_cfg.skip_invalid))
+    path = root / (subset or loaders.FOLDERS[dataset])
+  try:
+    examples = list(loaders.load_dataset(name, path=path, split=split,
+                                         skip_invalid=data_cfg.skip_invalid))
+  except FileNotFoundError as e:
+    if path is None:
+      raise
+    raise FileNotFoundError(f"config key 'data.dir' is {data_cfg.dir!r}, {key} entry "
+                            f"{spec!r}: {e}") from None
   if not count:
     return examples
   if count > len(examples):

@@ -133,12 +133,21 @@ def tokenizer_for(model_cfg, workdir, texts, special_tokens=DEFAULT_TAGS):
   """
   if model_cfg.init == "hf":
     from rlrag_jax.models.hf_io import load_tokenizer
+    if not model_cfg.path:
+      raise ValueError("config key 'model.path' is empty but 'model.init' is 'hf': set it to an "
+                       "HF checkpoint directory or a training run directory")
+    if not pathlib.Path(model_cfg.path).expanduser().exists():
+      raise FileNotFoundError(f"config key 'model.path' is {model_cfg.path!r}, which does not "
+                              "exist (model.init 'hf' starts from an HF checkpoint directory or "
+                              "a training run directory)")
     run_model = pathlib.Path(model_cfg.path).expanduser() / "model"
     # A training run directory keeps its tokenizer (and config) in model/.
     from_run = (run_model / "tokenizer.json").exists()
     tok = load_tokenizer(run_model if from_run else model_cfg.path)
     if tok is None:
-      raise ValueError(f"config key 'model.path' ({model_cfg.path}) has no tokenizer files")
+      raise ValueError(f"config key 'model.path' is {model_cfg.path!r}, which has no tokenizer "
+                       "files (tokenizer.json, tokenizer_config.json, tokenizer.model or "
+                       "vocab.json; a run directory's are in model/)")
     if from_run:      # ours, trained on another run's texts: does it fit this task's?
       ratio = inherited_token_ratio(tok, texts(), special_tokens)
       if ratio > INHERITED_TOKENS_WARN:

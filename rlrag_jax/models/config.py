@@ -14,6 +14,7 @@ from typing import Any, Optional
 import jax.numpy as jnp
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+DTYPES = tuple(_DTYPES)               # the names model.dtype / model.param_dtype may take
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 _QWEN3_DEFAULT_HEAD_DIM = 128            # transformers.Qwen3Config(head_dim=128)

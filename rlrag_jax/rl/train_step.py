@@ -101,6 +101,9 @@ class OptimizerConfig:
                                                                      self.total_steps))
 
 
+SCHEDULES = ("cosine", "linear", "constant")     # OptimizerConfig.schedule
+
+
 def make_schedule(cfg: OptimizerConfig) -> optax.Schedule:
   warmup = cfg.warmup
   if cfg.schedule == "cosine":
@@ -122,8 +125,7 @@ def make_schedule(cfg: OptimizerConfig) -> optax.Schedule:
       return optax.constant_schedule(cfg.lr)
     return optax.join_schedules([optax.linear_schedule(0.0, cfg.lr, warmup),
                                  optax.constant_schedule(cfg.lr)], [warmup])
-  raise ValueError(f"optimizer.schedule is {cfg.schedule!r}; expected 'cosine', 'linear' or "
-                   "'constant'")
+  raise ValueError(f"optimizer.schedule is {cfg.schedule!r}; expected one of {SCHEDULES}")
 
 
 def make_optimizer(cfg: OptimizerConfig) -> optax.GradientTransformation:

@@ -9,6 +9,9 @@ from rlrag_jax.training import learners
 
 
 # ------------------------------------------------------------------------------------ model
+MODEL_INITS = ("scratch", "hf")       # config key model.init
+
+
 def build_model(config, tokenizer) -> tuple:
   """(ModelConfig, params) from `config.model`: a fresh small model, or pretrained weights
   (model.init 'hf'): an HF checkpoint directory or a training run directory (its latest
@@ -26,7 +29,7 @@ def build_model(config, tokenizer) -> tuple:
     return lm.config.replace(remat=bool(m.remat),
                              attention_block=int(m.attention_block)), lm.params
   if m.init != "scratch":
-    raise ValueError(f"config key 'model.init' is {m.init!r}; expected 'scratch' or 'hf'")
+    raise ValueError(f"config key 'model.init' is {m.init!r}; expected one of {MODEL_INITS}")
   eos = tokenizer.eos_token_id
   cfg = ModelConfig(
       vocab_size=_round_vocab(len(tokenizer)), hidden_size=m.hidden_size,

@@ -50,3 +50,34 @@ def test_train_eval_overlap_is_refused(shared_data_dir):
     sources.select(cfg)
   cfg.check_overlap = False
   assert len(sources.select(cfg).eval) == 1000
+
+
+def test_a_missing_data_dir_names_the_config_key_and_its_path(tmp_path, monkeypatch):
+  """With data.dir set, a missing folder or split file names the key and the path it was
+  given, never RLRAG_DATA_DIR (which data.dir replaces)."""
+  monkeypatch.setenv("RLRAG_DATA_DIR", str(tmp_path / "env"))
+  missing = tmp_path / "nowhere"
+  with pytest.raises(FileNotFoundError) as e:
+    sources.select(_cfg(missing, ("hotpotqa:train",), ()))
+  assert str(e.value) == (f"config key 'data.dir' is '{missing}', which is not a directory (it "
+                          "holds the datasets of data.mix entry 'hotpotqa:train', in place of "
+                          "RLRAG_DATA_DIR)")
+  (tmp_path / "data" / "hotpotqa").mkdir(parents=True)
+  (tmp_path / "data" / "hotpotqa" / "dev.jsonl").write_text("")
+  for entry in ("hotpotqa:train", "musique:dev"):      # a missing split file; a missing folder
+    name, split, _ = sources.parse_spec(entry)
+    folder = tmp_path / "data" / ("hotpotqa" if name == "hotpotqa" else "musique")
+    with pytest.raises(FileNotFoundError) as e:
+      sources.select(_cfg(tmp_path / "data", (), (entry,)))
+    msg = str(e.value)
+    assert msg.startswith(f"config key 'data.dir' is '{tmp_path / 'data'}', data.eval_mix entry "
+                          f"'{entry}': dataset '{name}' split '{split}': expected file "
+                          f"{folder / f'{split}.jsonl'}, which does not exist"), msg
+    assert "RLRAG_DATA_DIR" not in msg and str(tmp_path / "env") not in msg
+
+
+def test_without_data_dir_a_missing_file_names_rlrag_data_dir(tmp_path, monkeypatch):
+  monkeypatch.setenv("RLRAG_DATA_DIR", str(tmp_path))
+  with pytest.raises(FileNotFoundError, match=r"hotpotqa/train\.jsonl, which does not exist \("
+                                              rf"data dir {tmp_path} from RLRAG_DATA_DIR="):
+    sources.select(_cfg("", ("hotpotqa:train",), ()))

@@ -140,3 +140,27 @@ def test_an_inherited_tokenizer_that_fits_other_texts_is_reported(tmp_path, capl
     assert not caplog.records
     tk.tokenizer_for(cfg, tmp_path, lambda: other, ("<answer>",))
   assert len(caplog.records) == 1 and str(run) in caplog.records[0].getMessage()
+
+
+def test_train_with_a_missing_hf_checkpoint_says_it_does_not_exist(tmp_path):
+  """model.init 'hf' and a model.path that is not there: the run stops at the tokenizer, the
+  first thing that reads the checkpoint, naming the key and saying the path does not exist."""
+  from configs import arena
+  from rlrag_jax import config_base, trainer
+  c = arena.get_config("")
+  c.workdir = str(tmp_path / "run")
+  c.data.world = config_base.world_config(num_countries=6, num_cities=24, num_people=80,
+                                          num_orgs=20, num_films=40, num_books=40,
+                                          num_questions=60)
+  c.model.init, c.model.path = "hf", str(tmp_path / "no_such_checkpoint")
+  with pytest.raises(FileNotFoundError) as e:
+    trainer.run(c, progress=False)
+  assert str(e.value) == (f"config key 'model.path' is '{tmp_path / 'no_such_checkpoint'}', which "
+                          "does not exist (model.init 'hf' starts from an HF checkpoint directory "
+                          "or a training run directory)")
+  c.model.path = ""
+  with pytest.raises(ValueError, match="config key 'model.path' is empty but 'model.init' is"):
+    trainer.run(c, progress=False)
+  c.model.path = str(tmp_path)                        # a folder without a tokenizer
+  with pytest.raises(ValueError, match="which has no tokenizer files"):
+    trainer.run(c, progress=False)

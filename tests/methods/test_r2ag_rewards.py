@@ -66,6 +66,18 @@ def test_average_precision_matches_its_definition():
   assert average_precision(["A", "A"], {"A"}) == 1.0          # a repeat is a miss, AP <= 1
 
 
+def test_the_reports_retrieval_columns_by_hand():
+  from rlrag_jax.methods.r2ag.task import retrieval_metrics
+  # gold g1 g2 g3; retrieved x, g2, g1, y, g2: 2 of 3 gold found; AP = (1/2 + 2/3) / 3
+  m = retrieval_metrics(["x", "g2", "g1", "y", "g2"], ("g1", "g2", "g3"))
+  assert m == pytest.approx({"recall": 2 / 3, "full_recall": 0.0, "at_k": 5.0,
+                             "map": (1 / 2 + 2 / 3) / 3})
+  assert retrieval_metrics(["g1", "g2"], ("g2", "g1")) == {
+      "recall": 1.0, "full_recall": 1.0, "at_k": 2.0, "map": 1.0}
+  assert retrieval_metrics([], ("g1",)) == {"recall": 0.0, "full_recall": 0.0, "at_k": 0.0,
+                                            "map": 0.0}
+
+
 # ------------------------------------------------------------------------------ the reward
 def test_every_term_by_hand():
   s = out(["q1", "q2", "q3"], ["p1", "p2"])

@@ -30,6 +30,9 @@ import random
 from typing import Optional, Sequence
 
 
+CARRIES = ("gold", "branch")          # ForestConfig.carry
+
+
 @dataclasses.dataclass(frozen=True)
 class ForestConfig:
   size: int = 32                 # questions per forest
@@ -82,9 +85,9 @@ class Forest:
     for key in ("size", "max_iterations", "max_children", "max_size"):
       if getattr(cfg, key) < 1:
         raise ValueError(f"config key 'r2ag.forest.{key}' is {getattr(cfg, key)}; expected >= 1")
-    if cfg.carry not in ("gold", "branch"):
-      raise ValueError(f"config key 'r2ag.forest.carry' is {cfg.carry!r}; expected 'gold' or "
-                       f"'branch'")
+    if cfg.carry not in CARRIES:
+      raise ValueError(f"config key 'r2ag.forest.carry' is {cfg.carry!r}; expected one of "
+                       f"{CARRIES}")
     self.cfg, self.n, self.seed = cfg, num_examples, seed
     self.order = list(range(num_examples))
     random.Random(seed).shuffle(self.order)

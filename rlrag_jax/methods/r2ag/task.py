@@ -331,13 +331,8 @@ class SteeringTask:
       for p, r in ep.info.items():
         if p == "outputs":
           continue
-        docs = r["docs"]
-        found = len(set(docs) & set(gold))
-        m.update({f"{p}recall": found / max(1, len(gold)),
-                  f"{p}full_recall": float(found == len(gold)),
-                  f"{p}at_k": float(len(docs)),
-                  f"{p}map": rewards.average_precision(docs, gold),
-                  f"{p}latency_retrieval_s": r["steer_s"] + r["search_s"],
+        m.update({f"{p}{k}": v for k, v in retrieval_metrics(r["docs"], gold).items()})
+        m.update({f"{p}latency_retrieval_s": r["steer_s"] + r["search_s"],
                   f"{p}latency_generation_s": r["answer_s"]})
         if p != "sr_":
           m[f"{p}iterations"] = float(r["iterations"])
@@ -355,6 +350,15 @@ class SteeringTask:
   def report(self, workdir, rlog) -> None:
     from rlrag_jax.methods.r2ag import report
     report.write(self, pathlib.Path(workdir))
+
+
+def retrieval_metrics(docs: Sequence[str], gold: Sequence[str]) -> dict:
+  """One question's retrieval columns of the report from its retrieved `docs` (in the order they
+  were first retrieved) and its gold ids: recall (the share of gold found), full_recall (1 when
+  all were), at_k (documents retrieved) and map (`rewards.average_precision`)."""
+  found = len(set(docs) & set(gold))
+  return {"recall": found / max(1, len(gold)), "full_recall": float(found == len(gold)),
+          "at_k": float(len(docs)), "map": rewards.average_precision(docs, gold)}
 
 
 def later_step_counts(outputs, gold) -> dict:

@@ -103,7 +103,7 @@ class SearchTask:
     self.tokenizer = _tokenizer(config, self)
     self.use_chat = bool(config.model.chat_template and
                          getattr(self.tokenizer, "chat_template", None))
-    self._drop_long_prompts(int(config.tool.get("max_prompt_len", 0) or 0))
+    self._drop_long_prompts(int(config.tool.max_prompt_len))
     self._gold = {}
     self._judge = _judge(config.reward)
     if config.reward.match == "judge" and self._judge is None:
@@ -263,7 +263,7 @@ class SearchTask:
         max_obs_tokens=tool.max_obs_tokens, max_total_len=tool.max_total_len,
         stop=prompts.STOP_STRINGS, greedy=greedy, min_batch=tool.min_batch,
         context_bucket=tool.context_bucket, group_size=group_size,
-        kv_reuse=tool.get("kv_reuse", True))
+        kv_reuse=bool(tool.kv_reuse))
     episodes = []
     for row, (p, pre) in enumerate(zip(prompt_rows, prefix_rows)):
       comp = pre[0] + out.completion_ids[row]

@@ -28,6 +28,8 @@ ROLES = ("rd", "qf", "ki")
 RD_MODES = ("agent", "reader")
 QF_MODES = ("chain", "direct", "rd")
 KI_MODES = ("triple", "document", "all")
+KI_FALLBACKS = ("top", "none")          # sparkle.agent.ki_fallback: the best candidate, or nothing
+KI_OUTPUTS = ("triple", "index")        # sparkle.agent.ki_output (parsing.render_selection)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,26 +52,27 @@ class AgentConfig:
   all_docs: int = 0             # 'all': documents appended per retrieval (0: top_docs)
 
   def __post_init__(self):
-    for key, allowed in (("rd_mode", RD_MODES), ("qf_mode", QF_MODES), ("ki_mode", KI_MODES)):
+    for key, allowed in (("rd_mode", RD_MODES), ("qf_mode", QF_MODES), ("ki_mode", KI_MODES),
+                         ("ki_output", KI_OUTPUTS)):
       if getattr(self, key) not in allowed:
         raise ValueError(f"config key 'sparkle.agent.{key}' is {getattr(self, key)!r}; expected "
                          f"one of {allowed}")
 
   @classmethod
   def from_config(cls, section, style: str) -> "AgentConfig":
-    fb = section.get("ki_fallback", "top")
+    """From config section `sparkle.agent` (configs/sparkle.py declares every key)."""
+    if section.ki_fallback not in KI_FALLBACKS:
+      raise ValueError(f"config key 'sparkle.agent.ki_fallback' is {section.ki_fallback!r}; "
+                       f"expected one of {KI_FALLBACKS}")
     return cls(top_docs=int(section.top_docs), top_triples=int(section.top_triples),
                max_steps=int(section.max_steps), max_retrievals=int(section.max_retrievals),
-               recall_k=int(section.get("recall_k", 5)),
-               rd_default=bool(section.get("rd_default", False)),
-               ki_fallback=0 if fb == "top" else None,
-               ki_output=str(section.get("ki_output", "triple")),
-               reasoning_reader=bool(section.get("reasoning_reader", False)), style=style,
-               passage_words=int(section.get("passage_words", 0) or 0),
-               rd_mode=str(section.get("rd_mode", "agent")),
-               qf_mode=str(section.get("qf_mode", "chain")),
-               ki_mode=str(section.get("ki_mode", "triple")),
-               all_docs=int(section.get("all_docs", 0) or 0))
+               recall_k=int(section.recall_k), rd_default=bool(section.rd_default),
+               ki_fallback=0 if section.ki_fallback == "top" else None,
+               ki_output=str(section.ki_output),
+               reasoning_reader=bool(section.reasoning_reader), style=style,
+               passage_words=int(section.passage_words), rd_mode=str(section.rd_mode),
+               qf_mode=str(section.qf_mode), ki_mode=str(section.ki_mode),
+               all_docs=int(section.all_docs))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,0 +1,335 @@
+"""One check of a run's config against a table of the values each key may take, run when the
+config is read (`trainer.run`, `trainer.task_for_checkpoint`), before any task, index or model
+is built: a bad value is one line naming its dotted key, the value and what is allowed,
+
+  rl.kl_estimator='k5': must be one of k1, k2, k3
+  rl.lr=-0.001: must be > 0
+
+and every bad value of the config is listed at once.
+
+The table is `key pattern -> rule`: `shared_rules()` below for the trainer's sections, and
+`RULES` in `rlrag_jax/methods/<method>/config_rules.py` for a method's own keys (so that this
+shared module names no method). A pattern is an `fnmatch` pattern over the dotted key
+('data.world.*_frac'); a key the config does not have is skipped (sections differ between
+methods and presets). The allowed sets are the consumers' own constants (`rl.kl.KL_ESTIMATORS`,
+`training.learners.ALGOS`, ...), so the table and the code that raises on a bad value cannot
+disagree; ranges are what the consuming code needs (a learning rate above 0, a probability in
+[0, 1], a count of at least 1, 0 where the code documents 0 as "off").
+
+What the table cannot say is left to the consumers: keys that depend on each other (a cosine
+schedule's warmup shorter than the run, the world's dev + test fractions, SPARKLE's
+rl.group_size 1), paths that must exist, and keys whose allowed values depend on the task
+(rl.dynamic_sampling_key, rl.ppo.whiten_by).
+"""
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import importlib
+import math
+import pathlib
+from typing import Any, Optional, Sequence
+
+
+class ConfigError(ValueError):
+  """A config value outside what its key allows (see `check`)."""
+
+
+def _show(v) -> str:
+  return repr(v) if v == "" else str(v)
+
+
+@dataclasses.dataclass(frozen=True)
+class OneOf:
+  """The value is one of `values`."""
+  values: tuple
+
+  def __call__(self, v) -> Optional[str]:
+    if isinstance(v, str) and v in self.values:
+      return None
+    return "must be one of " + ", ".join(_show(x) for x in self.values)
+
+
+@dataclasses.dataclass(frozen=True)
+class Range:
+  """A finite number within [lo, hi] (`lo_open` / `hi_open`: the bound itself excluded; None:
+  unbounded), or one of the `also` values (-1 for "all the rest", 0 for "off")."""
+  lo: Optional[float] = None
+  hi: Optional[float] = None
+  lo_open: bool = False
+  hi_open: bool = False
+  also: tuple = ()
+
+  def __call__(self, v) -> Optional[str]:
+    number = isinstance(v, (int, float)) and not isinstance(v, bool)
+    if number and v in self.also:
+      return None
+    if number and math.isfinite(v) and self._inside(v):
+      return None
+    return "must be " + " or ".join([_show(a) for a in self.also] + [self._text()])
+
+  def _inside(self, v) -> bool:
+    if self.lo is not None and (v <= self.lo if self.lo_open else v < self.lo):
+      return False
+    if self.hi is not None and (v >= self.hi if self.hi_open else v > self.hi):
+      return False
+    return True
+
+  def _text(self) -> str:
+    if self.lo is not None and self.hi is not None:
+      return (f"in {'(' if self.lo_open else '['}{_show(self.lo)}, {_show(self.hi)}"
+              f"{')' if self.hi_open else ']'}")
+    if self.lo is not None:
+      return f"{'>' if self.lo_open else '>='} {_show(self.lo)}"
+    if self.hi is not None:
+      return f"{'<' if self.hi_open else '<='} {_show(self.hi)}"
+    return "a finite number"
+
+
+@dataclasses.dataclass(frozen=True)
+class Each:
+  """A tuple whose every entry passes `rule` (and, with `length`, that many entries)."""
+  rule: Any
+  length: Optional[int] = None
+
+
+def at_least(lo) -> Range:
+  return Range(lo=lo)
+
+
+COUNT = Range(lo=1)                  # a size or number of things: at least one
+COUNT_OR_OFF = Range(lo=0)           # 0 documented as "off" / "all" / "none"
+POSITIVE = Range(lo=0, lo_open=True)
+NON_NEGATIVE = Range(lo=0)
+FRACTION = Range(lo=0, hi=1)         # a probability or share
+RATIO_BELOW_ONE = Range(lo=0, hi=1, hi_open=True)
+DEVICES = Range(lo=1, also=(-1,))    # a mesh axis: a size, or -1 for the rest of the devices
+
+
+class DatasetSpec:
+  """A `data.mix` / `data.eval_mix` entry: 'name:split[:count]' naming a dataset the loaders
+  know (`rlrag_jax.data.sources.parse_spec`, `rlrag_jax.data.loaders`)."""
+
+  def __call__(self, v) -> Optional[str]:
+    from rlrag_jax.data import loaders, sources
+    try:
+      name, _, _ = sources.parse_spec(v)
+    except ValueError:
+      return "must look like 'name:split' or 'name:split:count' with a positive count"
+    try:
+      loaders._canonical(name)          # pylint: disable=protected-access
+    except ValueError as e:             # the loaders' own message: the names they know
+      return str(e)
+    return None
+
+
+# The prompt styles every method reads: 'compact' drops the fixed instruction text (a
+# from-scratch model gains nothing from it), 'paper' is the paper's prompt.
+PROMPT_STYLES = ("paper", "compact")
+
+
+def methods() -> tuple:
+  """The method folders with a task (`rlrag_jax.tasks.get_task` imports `<name>.task`)."""
+  root = pathlib.Path(__file__).resolve().parent / "methods"
+  return tuple(sorted(p.name for p in root.iterdir() if (p / "task.py").is_file()))
+
+
+class MethodName:
+  """`method`: a name whose `rlrag_jax.methods.<name>.task` imports (what `tasks.get_task`
+  needs; a test may register a toy task module under such a name)."""
+
+  def __call__(self, v) -> Optional[str]:
+    if not (isinstance(v, str) and v.isidentifier()):
+      return "must be one of " + ", ".join(methods())
+    name = f"rlrag_jax.methods.{v}.task"
+    try:
+      importlib.import_module(name)
+    except ModuleNotFoundError as e:
+      if not (e.name and name.startswith(e.name)):    # a dependency of the task is missing
+        raise
+      return "must be one of " + ", ".join(methods())
+    return None
+
+
+def shared_rules() -> dict:
+  """The table for the trainer's sections (`config_base.trainer_config`) and the retrieval
+  section every retrieving method shares."""
+  from rlrag_jax.data import sources
+  from rlrag_jax.data import world_text
+  from rlrag_jax.models import config as model_config
+  from rlrag_jax.retrieval import index
+  from rlrag_jax.rl import train_step
+  from rlrag_jax.rl.kl import KL_ESTIMATORS
+  from rlrag_jax.rl.losses import AGGREGATIONS
+  from rlrag_jax.training import learners, stages, steps
+  return {
+      "method": MethodName(),
+      "stages": Each(OneOf(tuple(stages.STAGES))),
+      # data (rlrag_jax.data.sources; data.world mirrors the per-field checks of
+      # rlrag_jax.data.world.WorldConfig, which keeps the ones between fields)
+      "data.source": OneOf(sources.SOURCES),
+      "data.prompt_style": OneOf(PROMPT_STYLES),
+      "data.mix": Each(DatasetSpec()),
+      "data.eval_mix": Each(DatasetSpec()),
+      "data.max_train": COUNT_OR_OFF,
+      "data.max_eval": COUNT_OR_OFF,
+      "data.max_contexts": COUNT_OR_OFF,
+      "data.world.num_countries": COUNT,
+      "data.world.num_cities": at_least(2),
+      "data.world.num_people": at_least(10),
+      "data.world.num_orgs": at_least(len(world_text.ORG_KINDS)),
+      "data.world.num_films": COUNT,
+      "data.world.num_books": COUNT,
+      "data.world.num_questions": COUNT,
+      "data.world.distractors_per_question": NON_NEGATIVE,
+      "data.world.*_frac": FRACTION,
+      "data.world.hop_mix": Each(NON_NEGATIVE, length=3),
+      # model (rlrag_jax.training.steps.build_model, rlrag_jax.models.config)
+      "model.init": OneOf(steps.MODEL_INITS),
+      "model.dtype": OneOf(model_config.DTYPES),
+      "model.param_dtype": OneOf(model_config.DTYPES),
+      "model.attention_block": COUNT_OR_OFF,
+      "model.vocab_size": COUNT,
+      "model.hidden_size": COUNT,
+      "model.intermediate_size": COUNT,
+      "model.num_layers": COUNT,
+      "model.num_heads": COUNT,
+      "model.num_kv_heads": COUNT,
+      "model.head_dim": COUNT,
+      "model.max_position_embeddings": COUNT,
+      "mesh.data": DEVICES,
+      "mesh.fsdp": DEVICES,
+      "mesh.tensor": DEVICES,
+      "distributed.num_processes": COUNT_OR_OFF,
+      "distributed.process_id": at_least(-1),
+      # sft (rlrag_jax.training.stages, rlrag_jax.rl.train_step.OptimizerConfig)
+      "sft.steps": NON_NEGATIVE,
+      "sft.batch_size": COUNT,
+      "sft.lr": POSITIVE,
+      "sft.lr_schedule": OneOf(train_step.SCHEDULES),
+      "sft.warmup_ratio": RATIO_BELOW_ONE,
+      "sft.weight_decay": NON_NEGATIVE,
+      "sft.max_len": COUNT,
+      "sft.pack_bucket": COUNT,
+      "sft.group_by_length": COUNT_OR_OFF,
+      "sft.prompt_loss": NON_NEGATIVE,
+      "sft.micro_batches": COUNT,
+      "sft.tokens_per_micro_batch": COUNT_OR_OFF,
+      "sft.logits_chunk": COUNT_OR_OFF,
+      # rl (rlrag_jax.training.learners / steps, rlrag_jax.rl.*, the sampler)
+      "rl.algo": OneOf(learners.ALGOS),
+      "rl.steps": NON_NEGATIVE,
+      "rl.prompts_per_step": COUNT,
+      "rl.group_size": COUNT,
+      "rl.temperature": POSITIVE,     # the loss divides the logits by it (0 samples greedily,
+                                      # but its log-probs would be infinite)
+      "rl.top_k": COUNT_OR_OFF,
+      "rl.top_p": Range(lo=0, hi=1, lo_open=True),
+      "rl.max_new_tokens": COUNT,
+      "rl.lr": POSITIVE,
+      "rl.lr_schedule": OneOf(train_step.SCHEDULES),
+      "rl.warmup_ratio": RATIO_BELOW_ONE,
+      "rl.weight_decay": NON_NEGATIVE,
+      "rl.max_grad_norm": POSITIVE,
+      "rl.kl_beta": NON_NEGATIVE,
+      "rl.kl_estimator": OneOf(tuple(KL_ESTIMATORS)),
+      "rl.clip_eps_low": NON_NEGATIVE,
+      "rl.clip_eps_high": NON_NEGATIVE,
+      "rl.dual_clip": Range(lo=1, lo_open=True, also=(0,)),    # losses: c > 1; 0: off
+      "rl.entropy_coef": NON_NEGATIVE,
+      "rl.aggregation": OneOf(tuple(AGGREGATIONS)),
+      "rl.adv_eps": POSITIVE,         # a zero-spread group's std is 0
+      "rl.mu": COUNT,
+      "rl.micro_batches": COUNT,
+      "rl.tokens_per_micro_batch": COUNT_OR_OFF,
+      "rl.dynamic_max_tries": COUNT,
+      "rl.pack_bucket": COUNT,
+      "rl.logits_chunk": COUNT_OR_OFF,
+      "rl.ppo.critic": OneOf(learners.CRITICS),
+      "rl.ppo.gamma": FRACTION,
+      "rl.ppo.lam": FRACTION,
+      "rl.ppo.vf_lr": POSITIVE,
+      "rl.ppo.vf_clip": NON_NEGATIVE,                          # 0: unclipped value loss
+      "rl.ppo.mini_batches": COUNT,
+      # eval, checkpoints, logging
+      "eval.every": COUNT_OR_OFF,
+      "eval.num_examples": NON_NEGATIVE,
+      "eval.max_new_tokens": COUNT,
+      "eval.batch_size": COUNT,
+      "checkpoint.every": COUNT_OR_OFF,
+      "checkpoint.keep": COUNT,
+      "log_every": COUNT,
+      # retrieval (rlrag_jax.retrieval.from_config; the methods that retrieve)
+      "retrieval.backend": OneOf(tuple(index.BACKENDS)),
+  }
+
+
+def method_rules(method: str) -> dict:
+  """`RULES` of `rlrag_jax/methods/<method>/config_rules.py` ({} for a method without one)."""
+  name = f"rlrag_jax.methods.{method}.config_rules"
+  try:
+    mod = importlib.import_module(name)
+  except ModuleNotFoundError as e:
+    if e.name == name:
+      return {}
+    raise
+  return dict(mod.RULES)
+
+
+def rules_for(method: str) -> dict:
+  """The whole table for a config of `method`: the shared rules, then the method's."""
+  table = shared_rules()
+  if method in methods():
+    table.update(method_rules(method))
+  return table
+
+
+def flat(config, prefix: str = "") -> dict:
+  """{dotted key: value} of every leaf of a ConfigDict / dict."""
+  out = {}
+  for k, v in config.items():
+    if hasattr(v, "items"):
+      out.update(flat(v, f"{prefix}{k}."))
+    else:
+      out[f"{prefix}{k}"] = v
+  return out
+
+
+def _apply(rule, key: str, value) -> list:
+  if isinstance(rule, Each):
+    if not isinstance(value, (tuple, list)):
+      return [f"{key}={value!r}: must be a tuple"]
+    out = []
+    if rule.length is not None and len(value) != rule.length:
+      out.append(f"{key}={tuple(value)!r}: must have {rule.length} entries")
+    for i, v in enumerate(value):
+      out += _apply(rule.rule, f"{key}[{i}]", v)
+    return out
+  why = rule(value)
+  return [] if why is None else [f"{key}={value!r}: {why}"]
+
+
+def problems(config, table: Optional[dict] = None) -> list:
+  """One line per value of `config` that its rule rejects, in the config's key order."""
+  values = flat(config)
+  table = rules_for(str(values.get("method", ""))) if table is None else table
+  out = []
+  for key, value in values.items():
+    for pattern, rule in table.items():
+      if fnmatch.fnmatchcase(key, pattern):
+        out += _apply(rule, key, value)
+  return out
+
+
+def check(config, table: Optional[dict] = None) -> None:
+  """Raises `ConfigError` listing every value of `config` its rule rejects."""
+  found = problems(config, table)
+  if len(found) == 1:
+    raise ConfigError(found[0])
+  if found:
+    raise ConfigError(f"{len(found)} config values are not allowed:\n  " + "\n  ".join(found))
+
+
+def unmatched(patterns: Sequence[str], keys: Sequence[str]) -> list:
+  """The patterns that match none of `keys` (a table entry naming no key is a typo)."""
+  return [p for p in patterns if not any(fnmatch.fnmatchcase(k, p) for k in keys)]

@@ -1,0 +1,23 @@
+"""The search agent's keys in the config check (`rlrag_jax.config_check`): key pattern ->
+allowed values, each set the constant its consumer raises with."""
+from rlrag_jax import config_check as cc
+from rlrag_jax.methods.search import rewards
+
+RULES = {
+    "data.train_frac": cc.Range(lo=0, hi=1, lo_open=True),    # task._split
+    "reward.beta": cc.NON_NEGATIVE,                 # the retrieval-count coefficient
+    "reward.match": cc.OneOf(rewards.MATCHES),
+    "reward.f1_threshold": cc.FRACTION,
+    "reward.max_query_words": cc.COUNT,
+    "reward.rs_form": cc.OneOf(rewards.RS_FORMS),
+    "reward.answer_form": cc.OneOf(rewards.ANSWER_FORMS),
+    "tool.top_k": cc.COUNT,
+    "tool.max_turns": cc.NON_NEGATIVE,             # rollout.tool_loop: >= 0
+    "tool.max_obs_tokens": cc.NON_NEGATIVE,
+    "tool.max_total_len": cc.COUNT,
+    "tool.min_batch": cc.COUNT,
+    "tool.context_bucket": cc.COUNT,
+    "tool.max_prompt_len": cc.COUNT_OR_OFF,
+    "sft.known_min_seen": cc.COUNT_OR_OFF,         # 0: every step searched
+    "eval.naive_k": cc.COUNT,
+}

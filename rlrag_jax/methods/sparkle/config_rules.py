@@ -1,0 +1,29 @@
+"""SPARKLE's keys in the config check (`rlrag_jax.config_check`): key pattern -> allowed values,
+each set the constant its consumer raises with."""
+from rlrag_jax import config_check as cc
+from rlrag_jax.methods.sparkle import agent, rewards, task
+
+RULES = {
+    "sparkle.role": cc.OneOf(task.ROLES),
+    "sparkle.rollout": cc.OneOf(task.ROLLOUTS),
+    "sparkle.tree.depth": cc.NON_NEGATIVE,          # rollout.tree.expand: max_depth >= 0
+    "sparkle.agent.top_docs": cc.COUNT,
+    "sparkle.agent.top_triples": cc.COUNT,
+    "sparkle.agent.max_steps": cc.COUNT,
+    "sparkle.agent.max_retrievals": cc.NON_NEGATIVE,
+    "sparkle.agent.recall_k": cc.COUNT,
+    "sparkle.agent.ki_fallback": cc.OneOf(agent.KI_FALLBACKS),
+    "sparkle.agent.ki_output": cc.OneOf(agent.KI_OUTPUTS),
+    "sparkle.agent.passage_words": cc.COUNT_OR_OFF,  # 0: whole passages
+    "sparkle.agent.rd_mode": cc.OneOf(agent.RD_MODES),
+    "sparkle.agent.qf_mode": cc.OneOf(agent.QF_MODES),
+    "sparkle.agent.ki_mode": cc.OneOf(agent.KI_MODES),
+    "sparkle.agent.all_docs": cc.COUNT_OR_OFF,       # 0: top_docs
+    "sparkle.max_new.*": cc.COUNT,
+    "sparkle.reward.alpha": cc.FRACTION,
+    "sparkle.reward.weighting": cc.OneOf(rewards.WEIGHTINGS),
+    "sparkle.reader.max_tokens": cc.COUNT,
+    "sparkle.eval.naive_k": cc.COUNT,
+    "sparkle.eval.recall_steps": cc.COUNT,
+    "sparkle.reader_sft.*_prob": cc.FRACTION,
+}
