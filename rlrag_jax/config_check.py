@@ -261,6 +261,11 @@ def shared_rules() -> dict:
       "log_every": COUNT,
       # retrieval (rlrag_jax.retrieval.from_config; the methods that retrieve)
       "retrieval.backend": OneOf(tuple(index.BACKENDS)),
+      "retrieval.scann_brute_force_below": NON_NEGATIVE,   # 0: always partitioned
+      # the LLM judge wherever a section names one (eval.*, reward.*; rlrag_jax.judge)
+      "*.judge_concurrency": COUNT,
+      "*.judge_failure_window": COUNT,
+      "*.judge_max_failure_rate": FRACTION,
   }
 
 

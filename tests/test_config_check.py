@@ -35,7 +35,7 @@ def test_every_enum_like_string_and_every_number_has_a_rule(loaded):
   URLs, model names, keys whose values the task decides, seeds, models.<name>.step (-1: the
   latest checkpoint) and reward.stage2_step (<= 0: never)."""
   free = ("workdir", "compile_cache", "data.dir", "model.path", "model.train_config",
-          "models.*", "distributed.coordinator_address", "eval.judge_*", "reward.judge_*",
+          "models.*", "distributed.coordinator_address", "*.judge_url", "*.judge_model",
           "retrieval.corpus", "retrieval.encoder_path", "retrieval.cache_dir", "sft.teacher_traces",
           "apex.encoder_path", "apex.gold_plans", "apex.trajectories", "sparkle.reader.url",
           "sparkle.reader.model", "sparkle.triples_file", "sparkle.sft_trajectories",

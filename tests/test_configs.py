@@ -33,8 +33,8 @@ def test_apex_executor_is_sft_only():
 
 def test_commands_that_tests_import_load_together_with_the_trainer():
   """Commands that tests import define their absl flags only when run (a second 'config' flag
-  in one process is a DuplicateFlagError at collection): after importing them all, the only
-  module with flags is the trainer's entry point."""
+  in one process is a DuplicateFlagError at collection): after importing them all, no module has
+  flags; the trainer's entry point defines its own only when asked (`define_flags`)."""
   import importlib
   from absl import flags
   others = ("rlrag_jax.experiments.headroom", "rlrag_jax.experiments.grad_noise",
@@ -44,8 +44,12 @@ def test_commands_that_tests_import_load_together_with_the_trainer():
     assert callable(importlib.import_module(mod).main), mod
   by_module = {m: sorted(f.name for f in fl)
                for m, fl in flags.FLAGS.flags_by_module_dict().items()}
-  assert by_module["rlrag_jax.train"] == ["config", "quiet", "resume", "workdir"]
-  assert [m for m in others if m in by_module] == []
+  assert [m for m in ("rlrag_jax.train",) + others if m in by_module] == []
+  from rlrag_jax import train
+  own = flags.FlagValues()
+  train.define_flags(own)
+  assert sorted(f.name for f in own.flags_by_module_dict()["rlrag_jax.train"]) == [
+      "config", "force", "quiet", "resume", "workdir"]
 
 
 def _accepted_presets(mod) -> set:
