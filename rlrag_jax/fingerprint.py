@@ -11,8 +11,10 @@
 The fingerprint is a SHA-256 over the resolved config's items (dotted keys and their JSON
 values, sorted) except those under EXCLUDED: keys that say where a run is stored, placed or
 shown, or how often it saves, and not what it computes. Every other key counts, memory knobs
-(micro-batches, logits chunks, remat) included: they change floating-point rounding, and a key
-added to the config since a run started counts as a difference too.
+(micro-batches, logits chunks, remat) included: they change floating-point rounding. A key that
+only one side has (declared since the run started, by a newer rlrag_jax, or removed since) is not
+a mismatch: a new key's default is the behaviour the run had, so such a start is accepted with a
+warning naming the keys, and recorded as 'upgraded'.
 
 `trainer.run` checks a start into a directory that already holds a run (`verify`): a differing
 fingerprint is a `ConfigMismatch` naming the differing keys, unless `force`, which records the
@@ -61,7 +63,8 @@ class ConfigMismatch(ValueError):
 class Check:
   """What a run directory holds against a config."""
   status: str                  # 'new' (no run yet) | 'unchecked' (a run made before
-                               # fingerprints) | 'same' | 'differs'
+                               # fingerprints) | 'same' | 'upgraded' (keys added or removed,
+                               # none changed) | 'differs'
   fingerprint: str             # this config's
   config: dict                 # this config, resolved
   recorded: Optional[dict] = None       # the directory's fingerprint.json
@@ -139,7 +142,9 @@ def check(workdir, config) -> Check:
     return Check("unchecked" if has_run(workdir) else "new", fp, cfg)
   if recorded["fingerprint"] == fp:
     return Check("same", fp, cfg, recorded)
-  return Check("differs", fp, cfg, recorded, differences(recorded["config"], cfg))
+  diff = differences(recorded["config"], cfg)
+  changed = {k: v for k, v in diff.items() if _ABSENT not in v}
+  return Check("differs" if changed else "upgraded", fp, cfg, recorded, diff)
 
 
 def mismatch_message(workdir, c: Check) -> str:
@@ -161,6 +166,10 @@ def verify(workdir, config, *, force: bool = False) -> Check:
     log.warning("%s: --force: starting with another config than the run directory's; "
                 "recorded in %s. Differing keys, recorded -> now:\n%s", workdir, FILE,
                 format_differences(c.differs))
+  elif c.status == "upgraded":
+    log.warning("%s: the config now has key(s) the run directory's has not, or lacks some it "
+                "had (another rlrag_jax version); no shared key differs, so the run goes on. "
+                "recorded -> now:\n%s", workdir, format_differences(c.differs))
   elif c.status == "unchecked":
     legacy = pathlib.Path(workdir) / CONFIG_FILE
     note = ""
@@ -179,7 +188,7 @@ def record(workdir, c: Check, *, resume: bool) -> None:
   directory has none); a differing fingerprint here was forced."""
   p = pathlib.Path(workdir)
   p.mkdir(parents=True, exist_ok=True)
-  status = "forced" if c.status == "differs" else c.status
+  status = "forced" if c.status == "differs" else c.status     # 'upgraded' keeps its name
   start: dict[str, Any] = {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "resume": bool(resume),
                            "status": status, "fingerprint": c.fingerprint}
   if c.differs:

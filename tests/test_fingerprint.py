@@ -71,6 +71,35 @@ def test_force_records_the_differing_keys_and_makes_the_new_config_the_runs(tmp_
   assert fingerprint.verify(wd, b).status == "same"
 
 
+def test_keys_added_or_removed_since_the_run_started_are_accepted_with_a_warning(tmp_path,
+                                                                               caplog):
+  """A newer rlrag_jax declares a key the run's recorded config lacks (its default is what the
+  run did) and drops one it had: not a mismatch, a warning naming both; a changed shared key
+  beside them still is one."""
+  wd = tmp_path / "run"
+  first = _config(wd)
+  fingerprint.record(wd, fingerprint.verify(wd, first), resume=False)
+  rec = fingerprint.read(wd)
+  del rec["config"]["rl"]["top_p"]                        # declared since the run started
+  rec["config"]["rl"]["retired_knob"] = 3                 # removed since
+  rec["fingerprint"] = fingerprint.fingerprint(rec["config"])
+  (wd / "fingerprint.json").write_text(json.dumps(rec))
+  with caplog.at_level(logging.WARNING, logger="rlrag_jax.fingerprint"):
+    c = fingerprint.verify(wd, _config(wd))
+  assert c.status == "upgraded"
+  assert c.differs == {"rl.retired_knob": (3, "(absent)"), "rl.top_p": ("(absent)", 1.0)}
+  assert "rl.top_p: (absent) -> 1.0" in caplog.text and "rl.retired_knob: 3 -> (absent)" in caplog.text
+  fingerprint.record(wd, c, resume=True)
+  assert fingerprint.read(wd)["starts"][-1]["status"] == "upgraded"
+  assert fingerprint.verify(wd, _config(wd)).status == "same"
+  rec = fingerprint.read(wd)
+  del rec["config"]["rl"]["top_p"]
+  rec["fingerprint"] = fingerprint.fingerprint(rec["config"])
+  (wd / "fingerprint.json").write_text(json.dumps(rec))
+  with pytest.raises(fingerprint.ConfigMismatch, match="rl.lr: 0.0001 -> 0.001"):
+    fingerprint.verify(wd, _config(wd, lr=1e-3))
+
+
 def test_a_directory_made_before_fingerprints_is_accepted_with_a_warning(tmp_path, caplog):
   wd = tmp_path / "run"
   (wd / "checkpoints").mkdir(parents=True)

@@ -285,6 +285,7 @@ def test_a_finished_run_is_reused_only_when_its_fingerprint_matches(tmp_path):
   wd = tmp_path / "main" / "seed_0"
   _finished_run(wd, flags)
   assert seeds.job_state(wd, {**flags, "workdir": "elsewhere"})[0] == "done"   # not counted
+  assert seeds.job_state(wd, {**flags, "new_key": 1})[0] == "done"   # declared since: upgraded
   state, check = seeds.job_state(wd, {**flags, "rl": {"lr": 1e-3, "steps": 60}})
   assert state == "stale" and check.differs == {"rl.lr": (1e-4, 1e-3)}
   (wd / "eval_summary.json").unlink()                    # killed before it finished
