@@ -144,3 +144,20 @@ def test_a_cut_of_several_evaluation_datasets_is_refused(shared_data_dir):
   assert got == {"hotpotqa": 10, "musique": 5}
   with pytest.raises(sources.EvalCutError, match="eval.num_examples"):
     sources.cut_eval(sources.select(c.data, seed=0).eval, 12, "eval.num_examples")
+
+
+def _files_specs():
+  import config_specs
+  return [s for s in config_specs.specs()
+          if config_specs.load(s).data.source == "files" and config_specs.load(s).data.eval_mix]
+
+
+@pytest.mark.parametrize("spec", _files_specs())
+def test_every_real_data_preset_evaluates_every_dataset_it_names(spec, shared_data_dir):
+  """No preset (auxiliary models' included) hits the multi-dataset cut on the shared samples:
+  each evaluates every dataset of its data.eval_mix."""
+  c = load_config_file(spec)
+  c.data.dir, c.data.mix = str(shared_data_dir), ()
+  ev = sources.select(c.data, seed=c.seed).eval
+  assert sources.cut_eval(ev, c.eval.num_examples, "eval.num_examples") == ev
+  assert {ex.source for ex in ev} == {sources.parse_spec(s)[0] for s in c.data.eval_mix}
