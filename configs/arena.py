@@ -87,6 +87,9 @@ Differences from the paper (all presets), with the reason:
   - The real samples in ../shared/data hold no 2Wiki train split and ~100 HotpotQA / MuSiQue
     train records: the quotas are a clear error there (`data.allow_short=True` takes what
     exists); point data.dir at the full datasets.
+  - Evaluation draws min(500, available) per dataset (data.eval_allow_short): on the shared
+    samples 500 HotpotQA (of 1,000), all 462 2Wiki and all 93 MuSiQue dev questions (1,055);
+    on the full dev sets 500 each.
   - SFT baselines: the paper gives no SFT hyperparameters; ours are lr 1e-5 (cosine, 3% warmup),
     64 examples per step, one epoch (390 steps), and the SFT-direct instruction text is ours.
   - Parameters are float32 master weights under bf16 compute (the paper: DeepSpeed ZeRO-2 bf16
@@ -194,6 +197,7 @@ def _paper(c) -> None:
   c.data.prompt_style = "paper"
   c.data.mix = ("hotpotqa:train:10000", "2wiki:train:10000", "musique:train:5000")
   c.data.eval_mix = ("hotpotqa:dev:500", "2wiki:dev:500", "musique:dev:500")
+  c.data.eval_allow_short = True      # a smaller split (the shared samples') is taken whole
   c.data.max_train = 0
   c.data.max_eval = 0
   c.data.max_contexts = 0             # all contexts of each example

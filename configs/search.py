@@ -76,7 +76,10 @@ Differences from the paper ('paper' and its ablations), with the reason:
   - Evaluation breadth: the paper evaluates seven benchmarks (NQ, TriviaQA, PopQA, HotpotQA,
     2Wiki, MuSiQue, Bamboogle); this preset evaluates on the held-out 20% of 2Wiki train.
     Loaders exist for all seven (`rlrag_jax.data.loaders`: popqa included); run
-    `python -m rlrag_jax.evaluate` with data.eval_mix set to each.
+    `python -m rlrag_jax.evaluate` with data.eval_mix set to each. The paper gives no
+    per-benchmark counts. The validation check every 30 steps reads 1,000 random questions
+    (seeded) of the held-out 20% (data.max_eval; the paper: the whole 20%, ~33k questions, too
+    many to decode every 30 steps at 8,192 tokens a turn).
   - Judge: the paper's judge is Qwen3-235B-A22B-Instruct; any OpenAI-compatible endpoint works
     here. Prediction and gold answers are normalised (lowercase, no punctuation or articles)
     before they fill the B.4 template, as B.4 says; a reply that is neither yes nor no, and a

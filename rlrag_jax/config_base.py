@@ -9,6 +9,7 @@ trainer (`rlrag_jax.trainer`) reads these sections for every method:
             override for 'files'), max_train / max_eval (0 = all), prompt_style ('paper' |
             'compact'), skip_invalid (count and skip malformed records instead of failing),
             allow_short (a mix count above a split's size takes the whole split, warned),
+            eval_allow_short (the same for eval_mix counts: min(count, available) per dataset),
             check_overlap (refuse train/eval question overlap); mix / eval_mix entries are
             'name:split[:count]' (see `rlrag_jax.data.sources`).
   model     init ('scratch' | 'hf'), path (HF checkpoint dir when 'hf'), chat_template, dtype
@@ -91,7 +92,7 @@ def trainer_config(method: str, workdir: str) -> ml_collections.ConfigDict:
   c.data = ml_collections.ConfigDict(dict(
       source="world", world=world_config(), dir="", max_train=0,
       max_eval=200, prompt_style="paper", skip_invalid=False, allow_short=False,
-      check_overlap=True))
+      eval_allow_short=False, check_overlap=True))
 
   c.model = ml_collections.ConfigDict(dict(
       init="scratch", path="", chat_template=True, dtype="float32", param_dtype="float32",

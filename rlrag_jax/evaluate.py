@@ -26,6 +26,7 @@ _OUT = flags.DEFINE_string("out", None, "write the summary JSON here (default: p
 def main(argv):
   del argv
   from rlrag_jax import evaluation, judge, runlog
+  from rlrag_jax.data import sources
   from rlrag_jax.experiments import load_checkpoint
   from rlrag_jax.trainer import checkpoint_policy
   runlog.cli_logging()        # what the task built (e.g. which ScaNN mode the index runs in)
@@ -35,7 +36,7 @@ def main(argv):
     return 2
   task, lm = loaded
   policy = checkpoint_policy(lm, task.tokenizer, config.eval.max_new_tokens)
-  examples = list(task.eval)[: config.eval.num_examples]
+  examples = sources.cut_eval(list(task.eval), config.eval.num_examples, "eval.num_examples")
   result = evaluation.evaluate(task, policy, examples, batch_size=config.eval.batch_size,
                                seed=config.seed,
                                judge=judge.from_config(config.eval, prompt=getattr(

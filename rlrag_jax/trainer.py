@@ -18,6 +18,7 @@ from typing import Any, Optional
 import jax
 
 from rlrag_jax import compile_cache, config_check, evaluation, fingerprint, judge, runlog
+from rlrag_jax.data import sources
 from rlrag_jax.models import LM, ModelConfig, hf_io, load_hf, save_hf
 from rlrag_jax.rollout.policy import Policy
 from rlrag_jax.tasks import get_task
@@ -141,7 +142,8 @@ def _setup(config, stop_after) -> stages.Run:
       ckpt=CheckpointManager(workdir / "checkpoints", max_to_keep=config.checkpoint.keep),
       rlog=runlog.RunLog(workdir), policy=policy,
       eval_policy=dataclasses.replace(policy, max_new_tokens=config.eval.max_new_tokens),
-      eval_examples=list(task.eval)[: config.eval.num_examples],
+      eval_examples=sources.cut_eval(list(task.eval), config.eval.num_examples,
+                                     "eval.num_examples"),
       iterators={"sft": sft_iter, "rl": rl_iter}, evaluate_fn=_evaluate,
       base_key=jax.random.PRNGKey(config.seed), pad=pad, stop_after=stop_after,
       stage="sft" if int(config.sft.steps) > 0 else "rl", params=params)

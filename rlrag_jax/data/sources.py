@@ -7,8 +7,16 @@
            RLRAG_DATA_DIR). A count draws that many examples of the split (seeded by
            `config.seed` and the entry); more than the split holds is a `QuotaError` naming the
            dataset, split and both counts, unless `data.allow_short=True` takes the whole split
-           and warns. Train and eval questions must not overlap (`OverlapError`; the check is
+           and warns; `data.eval_allow_short=True` does the same for `data.eval_mix` alone
+           (a paper's "up to N per dataset", or its N on samples smaller than the dataset).
+           Train and eval questions must not overlap (`OverlapError`; the check is
            `data.check_overlap`, on by default).
+
+Evaluation on several datasets: give each `data.eval_mix` entry its own count
+('hotpotqa:dev:1000'), or none for the whole split. `data.max_eval` cuts the evaluation list,
+which holds the datasets one after the other, so a cut of a list from several datasets would
+keep the first ones only: that is an error (`EvalCutError`), not a silent HotpotQA-only
+evaluation.
 """
 from __future__ import annotations
 
@@ -27,6 +35,10 @@ SOURCES = ("world", "files")          # config key data.source
 
 class QuotaError(ValueError):
   """A `data.mix` entry asks for more examples than its split holds."""
+
+
+class EvalCutError(ValueError):
+  """`data.max_eval` would cut an evaluation list that holds several datasets."""
 
 
 class OverlapError(ValueError):
@@ -61,11 +73,32 @@ def select(data_cfg, seed: int = 0) -> Selection:
   if data_cfg.max_train:
     sel.train = sel.train[: data_cfg.max_train]
   if data_cfg.max_eval:
-    sel.eval = sel.eval[: data_cfg.max_eval]
+    sel.eval = cut_eval(sel.eval, data_cfg.max_eval, "data.max_eval")
   if getattr(data_cfg, "max_contexts", 0):
     sel.train = [limit_contexts(ex, data_cfg.max_contexts, seed) for ex in sel.train]
     sel.eval = [limit_contexts(ex, data_cfg.max_contexts, seed) for ex in sel.eval]
   return sel
+
+
+def cut_eval(examples: list, n: int, key: str) -> list:
+  """The first `n` evaluation examples, refused (`EvalCutError`) when they come from several
+  datasets and `n` would drop some: the list holds the datasets one after the other."""
+  if n <= 0:
+    return []
+  if n >= len(examples):
+    return list(examples)
+  counts = {}
+  for ex in examples:
+    counts[ex.source or "?"] = counts.get(ex.source or "?", 0) + 1
+  if len(counts) > 1:
+    held = ", ".join(f"{k} {v}" for k, v in counts.items())
+    raise EvalCutError(
+        f"config key '{key}' is {n} but the evaluation selection holds {len(examples)} "
+        f"examples from {len(counts)} datasets ({held}), one after the other: the first {n} "
+        "would leave datasets out. Give each data.eval_mix entry its own count "
+        f"('hotpotqa:dev:500') and set {key} to at least their sum"
+        + (" or 0 (all)" if key == "data.max_eval" else ""))
+  return list(examples[:n])
 
 
 def parse_spec(spec: str, key: str = "data.mix") -> tuple:
@@ -112,10 +145,11 @@ def _load_spec(spec: str, data_cfg, seed: int, key: str) -> list:
   if count > len(examples):
     msg = (f"config key '{key}' entry {spec!r}: asks for {count} examples but {name} split "
            f"{split or '(default)'} has {len(examples)}")
-    if not data_cfg.get("allow_short", False):
+    short_key = "eval_allow_short" if key == "data.eval_mix" else "allow_short"
+    if not data_cfg.get(short_key, False):
       raise QuotaError(msg + "; lower the count, point data.dir at the full dataset, or set "
-                       "data.allow_short=True to take them all")
-    log.warning("%s; data.allow_short=True: taking all %d", msg, len(examples))
+                       f"data.{short_key}=True to take them all")
+    log.warning("%s; data.%s=True: taking all %d", msg, short_key, len(examples))
     return examples
   return random.Random(f"{seed}:{spec}").sample(examples, count)
 

@@ -27,6 +27,7 @@ import sys
 import numpy as np
 
 from rlrag_jax import evaluation, runlog
+from rlrag_jax.data import sources
 
 COLUMNS = ("f1", "em", "accuracy", "rc", "format")
 EVAL_STAGES = ("eval_before", "eval", "eval_after")
@@ -156,7 +157,7 @@ def write_report(task, workdir, rlog) -> dict:
   if config.eval.baselines:
     from rlrag_jax.trainer import load_trained
     policy = _eval_policy(load_trained(workdir), task, config)
-    examples = list(task.eval)[: config.eval.num_examples]
+    examples = sources.cut_eval(list(task.eval), config.eval.num_examples, "eval.num_examples")
     report["pipelines"] = evaluate_pipelines(task, policy, examples,
                                              batch_size=config.eval.batch_size, seed=config.seed)
     text.append(format_pipelines(report["pipelines"]))
@@ -185,7 +186,7 @@ def main(argv=None) -> int:
   except FileNotFoundError as e:
     print(f"search_baselines: {e}", file=sys.stderr)
     return 2
-  examples = list(task.eval)[: cfg.eval.num_examples]
+  examples = sources.cut_eval(list(task.eval), cfg.eval.num_examples, "eval.num_examples")
   pipelines = tuple(p for p in _FLAGS["pipelines"].value.split(",") if p)
   res = evaluate_pipelines(task, _eval_policy(lm, task, cfg), examples, pipelines=pipelines,
                            batch_size=cfg.eval.batch_size, seed=cfg.seed, progress=True)

@@ -122,7 +122,8 @@ def test_paper_preset_runs_on_real_data(tmp_path, shared_data_dir):
   c.workdir, c.model.path, c.data.dir = str(tmp_path / "run"), str(policy), ""
   c.models.generator.path = str(reader)
   c.data.mix = ("hotpotqa:train", "musique:train")      # the samples hold no 2Wiki train split
-  c.data.max_train, c.data.max_eval = 6, 6
+  c.data.eval_mix = ("hotpotqa:dev:3",)   # per-dataset counts: a cut of several is refused
+  c.data.max_train, c.data.max_eval = 6, 0
   c.retrieval.backend = "exact"
   c.rl.update(dict(steps=2, prompts_per_step=2, group_size=2, micro_batches=1,
                    max_new_tokens=8))

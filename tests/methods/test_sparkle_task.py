@@ -168,8 +168,8 @@ def test_paper_preset_runs_on_real_data(tmp_path, shared_data_dir):
   c.workdir, c.model.path, c.data.dir = str(tmp_path / "run"), str(policy), ""
   c.models.reader.path = str(reader)
   c.data.mix = ("hotpotqa:train",)          # the samples hold no 2Wiki or NQ train split
-  c.data.eval_mix = ("2wiki:dev", "hotpotqa:dev")
-  c.data.max_train, c.data.max_eval = 4, 4
+  c.data.eval_mix = ("2wiki:dev:2", "hotpotqa:dev:2")    # per dataset: a cut of both refuses
+  c.data.max_train, c.data.max_eval = 4, 0
   c.retrieval.backend = "exact"
   c.sft.steps = 0                           # real data: SFT needs collected trajectories
   c.rl.update(dict(steps=1, prompts_per_step=2, max_new_tokens=6))

@@ -59,7 +59,9 @@ def define_flags() -> None:
                                 "is not a training run (default: the run's own config)")
   _DATA = flags.DEFINE_string("data", "", "evaluation data instead of the executor run's: "
                               "comma-separated 'name:split' specs read from RLRAG_DATA_DIR")
-  _N = flags.DEFINE_integer("num_examples", 200, "held-out questions per cell")
+  _N = flags.DEFINE_integer("num_examples", 0, "held-out questions per cell (0: the whole "
+                           "evaluation selection, e.g. ':paper''s full dev sets; a cut of "
+                           "several datasets is refused)")
   _OUT = flags.DEFINE_string("out", None, "output folder")
   _CELLS = flags.DEFINE_list("cells", list(CELLS), "the Table 2 cells to evaluate (the paper's "
                              "switches: planning on/off = plan_* / no_planning, planner RL on/off "
@@ -192,9 +194,9 @@ def score_cell(task, examples, traces, plan_info=None, scorer=None) -> tuple:
 
 def run_pipeline(planner: str, executor: str, out, *, executor_base: str = "",
                  planner_sft_step: Optional[int] = None, config_file: str = "", data: str = "",
-                 num_examples: int = 200, cells: Sequence[str] = CELLS) -> dict:
-  """The `cells` (default all) for the first `num_examples` held-out questions; writes the
-  report."""
+                 num_examples: int = 0, cells: Sequence[str] = CELLS) -> dict:
+  """The `cells` (default all) for the held-out questions (the first `num_examples` of one
+  dataset; 0: all); writes the report."""
   wanted = tuple(cells)
   unknown = set(wanted) - set(CELLS)
   if unknown:
@@ -205,7 +207,9 @@ def run_pipeline(planner: str, executor: str, out, *, executor_base: str = "",
   out = pathlib.Path(out)
   (out / "traces").mkdir(parents=True, exist_ok=True)
   task = executor_task(executor, out, config_file, data, num_examples=num_examples)
-  examples = list(task.eval)[:num_examples] if num_examples else list(task.eval)
+  from rlrag_jax.data import sources
+  examples = (sources.cut_eval(list(task.eval), num_examples, "--num_examples") if num_examples
+              else list(task.eval))
   if not examples:
     raise ValueError(f"apex pipeline: no held-out examples ({data or 'the executor run data'})")
   questions = [ex.question for ex in examples]
