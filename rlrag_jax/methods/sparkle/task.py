@@ -198,7 +198,8 @@ class ProxyTask:
   def encode(self, text: str) -> list:
     if self.use_chat:
       from rlrag_jax.models import encode_prompt
-      return encode_prompt(self.tokenizer, [{"role": "user", "content": text}])
+      return encode_prompt(self.tokenizer, [{"role": "user", "content": text}],
+                           thinking=self.config.model.thinking)
     return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
   def target_ids(self, text: str) -> list:
