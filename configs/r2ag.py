@@ -106,8 +106,10 @@ Differences from the paper, with the reason:
   - Values the paper does not give, ours: at most r2ag.eval.max_branches = 8 open branches per
     question per round (bounds the tree's cost), the generator reads the first
     r2ag.eval.generator_max_docs = 8 retrieved documents and writes at most answer_tokens = 16
-    tokens, and ':paper' splits each update into rl.micro_batches = 64 (memory only). The
-    single-step baseline retrieves r2ag.eval.sr_k = 5 documents (the paper's SR@5).
+    tokens, with Qwen3's thinking off (r2ag.eval.generator_thinking=False: its template's empty
+    think block, so the 16 tokens go to the answer; the policy's prompts: model.thinking), and
+    ':paper' splits each update into rl.micro_batches = 64 (memory only). The single-step
+    baseline retrieves r2ag.eval.sr_k = 5 documents (the paper's SR@5).
 """
 import ml_collections
 
@@ -130,7 +132,10 @@ def base_config() -> ml_collections.ConfigDict:
       eval=ml_collections.ConfigDict(dict(
           top_k=1, other_top_k=(2,), base_only=True, t_base=2, t_pred=1, max_iterations=5,
           max_branches=8, temperature=0.0, top_p=1.0, sr_k=5, generator_max_docs=8,
-          answer_tokens=16))))
+          answer_tokens=16,
+          # Qwen3's template: False renders the empty think block, so the generator's
+          # answer_tokens go to the answer, not to <think> (models.lm.encode_prompt).
+          generator_thinking=False))))
   c.models.generator = ml_collections.ConfigDict(dict(
       path="runs/r2ag_generator", train_config="configs/r2ag_generator.py"))
   c.retrieval = ml_collections.ConfigDict(dict(

@@ -101,6 +101,15 @@ Differences from the paper, with the reason:
     ':paper' preset whitens the advantages per action type as their code does
     (rl.ppo.whiten_by='role'); the CPU default whitens over the whole batch (per role, seed 0:
     F1 0.188 -> 0.162 after PPO, against 0.168 with one whitening; not adopted).
+  - The knowledge graph: the paper extracts triples from every document offline with
+    Llama-3-8B-Instruct (Fang et al., 2025); here that is `sparkle.triples_file` (written by
+    `python -m rlrag_jax.methods.sparkle.extract_triples`). Without it, a document without
+    triples of its own (the world's passages carry theirs) holds one (title, 'states',
+    sentence) triple per sentence (sparkle.kg_default='sentences'): every document, no labels,
+    but sentences rather than facts. 'train_evidence' puts the training questions' 2Wiki
+    evidence triples on the documents that state them instead: label-derived, and only the
+    training questions' gold documents get triples. The KG is built without the evaluation
+    questions (until issue 32 it took every question's evidence triples, evaluation ones too).
   - The reward: α·Recall + (1 − α)·F1 with α = 0.3 as the paper writes it
     (sparkle.reward.weighting='paper'); the released code weights them the other way round
     ('code').
@@ -146,6 +155,10 @@ def base_config() -> ml_collections.ConfigDict:
       reader=ml_collections.ConfigDict(dict(url="", model="", max_tokens=256, concurrency=16,
                                             max_failure_rate=0.5, failure_window=200)),
       triples_file="",                    # extract_triples' JSONL for a corpus without triples
+      # The KG of a document without its own triples or a triples_file row: 'sentences' (one
+      # (title, 'states', sentence) per sentence), 'train_evidence' (2Wiki evidence triples of
+      # training questions: label-derived) or 'none' (task.knowledge_graph).
+      kg_default="sentences",
       sft_trajectories="",                # trajectories.py's JSONL: SFT on a stronger proxy's
       eval=ml_collections.ConfigDict(dict(naive_k=5, baselines=True, recall_steps=4)),
       reader_sft=ml_collections.ConfigDict(dict(retrieve_prob=0.75, distractor_prob=0.3))))

@@ -12,7 +12,8 @@ trainer (`rlrag_jax.trainer`) reads these sections for every method:
             eval_allow_short (the same for eval_mix counts: min(count, available) per dataset),
             check_overlap (refuse train/eval question overlap); mix / eval_mix entries are
             'name:split[:count]' (see `rlrag_jax.data.sources`).
-  model     init ('scratch' | 'hf'), path (HF checkpoint dir when 'hf'), chat_template, dtype
+  model     init ('scratch' | 'hf'), path (HF checkpoint dir when 'hf'), chat_template,
+            thinking (Qwen3's enable_thinking in the chat template; False: a direct answer), dtype
             (compute), param_dtype (the trained master params: float32 by default, so that
             small-lr updates do not round away in bfloat16; exports are written in it),
             remat, attention_block (> 0: key-blocked attention with an online softmax, no
@@ -96,7 +97,9 @@ def trainer_config(method: str, workdir: str) -> ml_collections.ConfigDict:
 
   c.model = ml_collections.ConfigDict(dict(
       init="scratch", path="", chat_template=True, dtype="float32", param_dtype="float32",
-      remat=False,
+      # A chat template that reads `enable_thinking` (Qwen3's): False renders the empty think
+      # block, so the model answers directly; True lets it open <think> (models.lm.encode_prompt).
+      thinking=False, remat=False,
       attention_block=0, vocab_size=2048, hidden_size=128, intermediate_size=384, num_layers=4, num_heads=4,
       num_kv_heads=2, head_dim=32, max_position_embeddings=1024))
 

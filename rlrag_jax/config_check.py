@@ -51,6 +51,14 @@ class OneOf:
 
 
 @dataclasses.dataclass(frozen=True)
+class Flag:
+  """The value is True or False."""
+
+  def __call__(self, v) -> Optional[str]:
+    return None if isinstance(v, bool) else "must be True or False"
+
+
+@dataclasses.dataclass(frozen=True)
 class Range:
   """A finite number within [lo, hi] (`lo_open` / `hi_open`: the bound itself excluded; None:
   unbounded), or one of the `also` values (-1 for "all the rest", 0 for "off")."""
@@ -103,6 +111,7 @@ POSITIVE = Range(lo=0, lo_open=True)
 NON_NEGATIVE = Range(lo=0)
 FRACTION = Range(lo=0, hi=1)         # a probability or share
 RATIO_BELOW_ONE = Range(lo=0, hi=1, hi_open=True)
+BOOL = Flag()
 DEVICES = Range(lo=1, also=(-1,))    # a mesh axis: a size, or -1 for the rest of the devices
 
 
@@ -188,6 +197,7 @@ def shared_rules() -> dict:
       "model.init": OneOf(steps.MODEL_INITS),
       "model.dtype": OneOf(model_config.DTYPES),
       "model.param_dtype": OneOf(model_config.DTYPES),
+      "model.thinking": BOOL,                        # models.lm.encode_prompt
       "model.attention_block": COUNT_OR_OFF,
       "model.vocab_size": COUNT,
       "model.hidden_size": COUNT,

@@ -1,7 +1,7 @@
 """Generate text with a Hugging Face Llama/Qwen2 checkpoint through the jitted sampler.
 
   python -m rlrag_jax.generate --model DIR --prompt "..." [--max-new-tokens N --temperature T
-      --top-k K --top-p P --seed S --stop STR --no-chat-template]
+      --top-k K --top-p P --seed S --stop STR --no-chat-template --thinking]
   python -m rlrag_jax.generate --demo
 
 `--demo` (without --model) builds a tiny random Llama-style model with a byte-level tokenizer in
@@ -73,6 +73,9 @@ def _parser() -> argparse.ArgumentParser:
                  help="stop string (repeatable); the printed text is cut after it")
   p.add_argument("--no-chat-template", action="store_true",
                  help="encode the prompt as plain text even if the tokenizer has a chat template")
+  p.add_argument("--thinking", action="store_true",
+                 help="a chat template with Qwen3's enable_thinking switch lets the model open "
+                      "<think> (default: its empty think block, a direct answer)")
   p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
   return p
 
@@ -93,7 +96,8 @@ def run(lm, prompts, args, out=None, escape: bool = False) -> dict:
   if lm.tokenizer is None:
     raise ValueError("the checkpoint has no tokenizer files (tokenizer.json / tokenizer_config.json)"
                      "; cannot encode text prompts")
-  ids = [encode_prompt(lm.tokenizer, p, not args.no_chat_template) for p in prompts]
+  ids = [encode_prompt(lm.tokenizer, p, not args.no_chat_template, args.thinking)
+         for p in prompts]
   kw = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
             top_p=args.top_p, stop=tuple(args.stop), pad_id=lm.config.pad_token_id or 0)
   t0 = time.perf_counter()

@@ -36,20 +36,33 @@ class LM:
     return _logits(self.module, self.params, ids, mask.astype(jnp.bool_))
 
   def encode(self, text_or_messages: Union[str, Sequence[dict]],
-             use_chat_template: bool = True) -> list:
+             use_chat_template: bool = True, thinking: bool = False) -> list:
     """Token ids of a prompt; chat messages (or plain text, wrapped as one user turn) go through
-    the tokenizer's chat template when it has one."""
+    the tokenizer's chat template when it has one (`thinking`: see encode_prompt)."""
     if self.tokenizer is None:
       raise ValueError("this LM has no tokenizer; pass token ids instead")
-    return encode_prompt(self.tokenizer, text_or_messages, use_chat_template)
+    return encode_prompt(self.tokenizer, text_or_messages, use_chat_template, thinking)
 
 
-def encode_prompt(tokenizer, text_or_messages, use_chat_template: bool = True) -> list:
+def template_reads_thinking(tokenizer) -> bool:
+  """Whether the tokenizer's chat template reads `enable_thinking` (Qwen3's does; Llama's and
+  Qwen2's do not)."""
+  return "enable_thinking" in str(getattr(tokenizer, "chat_template", None) or "")
+
+
+def encode_prompt(tokenizer, text_or_messages, use_chat_template: bool = True,
+                  thinking: bool = False) -> list:
+  """Token ids of a prompt, through the chat template with the generation prompt when the
+  tokenizer has one and `use_chat_template`, else plain text with the tokenizer's special tokens.
+  `thinking` reaches a template that reads `enable_thinking` (Qwen3's): False (a direct answer)
+  renders its empty `<think>\\n\\n</think>` block after the assistant header, True leaves the
+  model to open one; templates without the switch are rendered without it."""
   has_template = getattr(tokenizer, "chat_template", None)
   if use_chat_template and has_template:
     msgs = ([{"role": "user", "content": text_or_messages}]
             if isinstance(text_or_messages, str) else list(text_or_messages))
-    out = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
+    kw = {"enable_thinking": bool(thinking)} if template_reads_thinking(tokenizer) else {}
+    out = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True, **kw)
     if isinstance(out, dict) or hasattr(out, "keys"):
       out = out["input_ids"]
     return list(out)

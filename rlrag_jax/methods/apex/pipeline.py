@@ -149,7 +149,9 @@ def make_plans(planner: str, step: Optional[int], questions, max_new_tokens: int
   batch = int(pc.eval.batch_size)
   for i in range(0, len(questions), batch):
     chunk = questions[i:i + batch]
-    ids = [planner_prompt_ids(tok, q, max_steps, pc.data.prompt_style, use_chat) for q in chunk]
+    ids = [planner_prompt_ids(tok, q, max_steps, pc.data.prompt_style, use_chat,
+                              thinking=pc.model.get("thinking", False))   # older runs: off
+           for q in chunk]
     gen = policy.sample(ids, jax.random.PRNGKey(0), greedy=True, batch_multiple=8)
     for r, q in enumerate(chunk):
       text = decode_keeping_tags(tok, completion_ids(gen, r))

@@ -63,7 +63,8 @@ class PlannerTask:
 
   def prompt_ids(self, ex) -> list:
     return planner_prompt_ids(self.tokenizer, ex.question, self.max_steps,
-                              self.config.data.prompt_style, self.use_chat)
+                              self.config.data.prompt_style, self.use_chat,
+                              thinking=self.config.model.thinking)
 
   def gold(self, ex) -> list:
     """The gold plan: `apex.gold_plans`'s entry for the example, else its decomposition with
@@ -151,12 +152,12 @@ def planner_prompt_text(question: str, max_steps: int, style: str) -> str:
 
 
 def planner_prompt_ids(tokenizer, question: str, max_steps: int, style: str,
-                       use_chat: bool) -> list:
+                       use_chat: bool, thinking: bool = False) -> list:
   if use_chat:
     from rlrag_jax.models import encode_prompt
     return encode_prompt(tokenizer, [
         {"role": "system", "content": plans.instruction(max_steps)},
-        {"role": "user", "content": f"Question: {question}"}])
+        {"role": "user", "content": f"Question: {question}"}], thinking=thinking)
   return tokenizer(planner_prompt_text(question, max_steps, style),
                    add_special_tokens=False)["input_ids"]
 
@@ -207,7 +208,8 @@ class ExecutorTask:
   def ask_ids(self, ask: prompts.Ask) -> list:
     if self.use_chat:
       from rlrag_jax.models import encode_prompt
-      return encode_prompt(self.tokenizer, ask.chat_messages())
+      return encode_prompt(self.tokenizer, ask.chat_messages(),
+                           thinking=self.config.model.thinking)
     return self.tokenizer(ask.text(self.style), add_special_tokens=False)["input_ids"]
 
   def target_ids(self, text: str) -> list:

@@ -59,7 +59,8 @@ class ArenaTask:
     if self.use_chat:
       from rlrag_jax.models import encode_prompt
       return encode_prompt(self.tokenizer, prompts.messages_for(ex, self.max_chars,
-                                                                instruction=self.instruction))
+                                                                instruction=self.instruction),
+                           thinking=self.config.model.thinking)
     return self.tokenizer(self.prompt_text(ex), add_special_tokens=False)["input_ids"]
 
   def sft_target(self, ex) -> str:

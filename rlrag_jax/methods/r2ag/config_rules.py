@@ -33,4 +33,5 @@ RULES = {
     "r2ag.eval.sr_k": cc.COUNT_OR_OFF,               # 0: no single-step retrieval row
     "r2ag.eval.generator_max_docs": cc.COUNT,
     "r2ag.eval.answer_tokens": cc.COUNT,
+    "r2ag.eval.generator_thinking": cc.BOOL,
 }

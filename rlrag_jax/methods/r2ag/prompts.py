@@ -124,22 +124,24 @@ def generator_text(question: str, docs: Sequence[tuple], style: str,
 
 
 def generator_ids(tokenizer, question: str, docs: Sequence[tuple], style: str, use_chat: bool,
-                  passage_words: int = 0) -> list:
+                  passage_words: int = 0, thinking: bool = False) -> list:
   if use_chat:
     from rlrag_jax.models import encode_prompt
     return encode_prompt(tokenizer, [
         {"role": "system", "content": GENERATOR_INSTRUCTION},
-        {"role": "user", "content": generator_text(question, docs, "compact", passage_words)}])
+        {"role": "user", "content": generator_text(question, docs, "compact", passage_words)}],
+                         thinking=thinking)
   return tokenizer(generator_text(question, docs, style, passage_words),
                    add_special_tokens=False)["input_ids"]
 
 
 def steering_ids(tokenizer, question: str, docs: Sequence[tuple], style: str, use_chat: bool,
-                 passage_words: int = 0) -> list:
+                 passage_words: int = 0, thinking: bool = False) -> list:
   if use_chat:
     from rlrag_jax.models import encode_prompt
     return encode_prompt(tokenizer, [
         {"role": "system", "content": INSTRUCTION},
-        {"role": "user", "content": user_text(question, docs, passage_words)}])
+        {"role": "user", "content": user_text(question, docs, passage_words)}],
+                         thinking=thinking)
   return tokenizer(prompt_text(question, docs, style, passage_words),
                    add_special_tokens=False)["input_ids"]

@@ -98,7 +98,8 @@ class SteeringTask:
 
   def prompt_at(self, question: str, context: Sequence[str]) -> list:
     return prompts.steering_ids(self.tokenizer, question, self.corpus.pairs(context), self.style,
-                                self.use_chat, self.passage_words)
+                                self.use_chat, self.passage_words,
+                                thinking=self.config.model.thinking)
 
   def prompt_ids(self, ex) -> list:
     return self.prompt_at(ex.question, ())
@@ -312,8 +313,9 @@ class SteeringTask:
     e = self.tree_cfg
     limit = int(e.get("generator_max_docs", 8))
     use_chat = bool(self.config.model.chat_template and getattr(tok, "chat_template", None))
+    thinking = bool(e.get("generator_thinking", False))   # a run from before the key: off
     ids = [prompts.generator_ids(tok, ex.question, self.corpus.pairs(d[:limit]), self.style,
-                                 use_chat, self.passage_words)
+                                 use_chat, self.passage_words, thinking=thinking)
            for ex, d in zip(examples, doc_lists)]
     eos = tuple(lm.config.eos_token_id or ()) or (tok.eos_token_id,)
     pol = Policy(lm.config, lm.params, max_new_tokens=int(e.get("answer_tokens", 16)),
@@ -429,7 +431,8 @@ class GeneratorTask:
 
   def prompt_ids(self, ex) -> list:
     return prompts.generator_ids(self.tokenizer, ex.question, self.corpus.pairs(self.docs(ex)),
-                                 self.style, self.use_chat, self.passage_words)
+                                 self.style, self.use_chat, self.passage_words,
+                                 thinking=self.config.model.thinking)
 
   def sft_target(self, ex) -> str:
     return ex.answers[0]

@@ -142,7 +142,8 @@ class SearchTask:
     if self.use_chat:
       from rlrag_jax.models import encode_prompt
       return encode_prompt(self.tokenizer, [{"role": "user",
-                                             "content": prompts.build_prompt(ex.question)}])
+                                             "content": prompts.build_prompt(ex.question)}],
+                           thinking=self.config.model.thinking)
     return self.tokenizer(self.prompt_text(ex), add_special_tokens=False)["input_ids"]
 
   def _drop_long_prompts(self, limit: int) -> None:

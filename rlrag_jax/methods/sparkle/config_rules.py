@@ -26,6 +26,7 @@ RULES = {
     "sparkle.reader.concurrency": cc.COUNT,
     "sparkle.reader.failure_window": cc.COUNT,
     "sparkle.reader.max_failure_rate": cc.FRACTION,
+    "sparkle.kg_default": cc.OneOf(task.KG_DEFAULTS),
     "sparkle.eval.naive_k": cc.COUNT,
     "sparkle.eval.recall_steps": cc.COUNT,
     "sparkle.reader_sft.*_prob": cc.FRACTION,

@@ -18,6 +18,7 @@ import dataclasses
 import logging
 import pathlib
 import random
+import re
 import time
 
 import numpy as np
@@ -34,6 +35,7 @@ from rlrag_jax.training import learners
 
 ROLES = ("proxy", "reader")
 ROLLOUTS = ("tree", "standard")
+KG_DEFAULTS = ("sentences", "train_evidence", "none")
 VARIANTS = (("llm_", "reader alone (no retrieval)"), ("naive_", "naive RAG"),
             ("", "SPARKLE"))
 log = logging.getLogger("rlrag_jax.sparkle")
@@ -74,7 +76,7 @@ def _load_triples(path: str) -> dict:
 def _evidence_triples(env: CorpusSearch, examples) -> dict:
   """2Wiki's evidence triples as the triples of the document that states them (the gold
   context titled by the triple's head): offered only when that document is retrieved, never as
-  a question's own path."""
+  a question's own path. Label-derived: called with training questions only."""
   out = {}
   for ex in examples:
     for t in getattr(ex, "triples", None) or ():
@@ -85,6 +87,48 @@ def _evidence_triples(env: CorpusSearch, examples) -> dict:
             if row not in out.setdefault(cid, []):
               out[cid].append(row)
           break
+  return out
+
+
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+
+
+def _sentence_triples(record) -> list:
+  """A rule's triples of one document, no LLM and no question: one (title, 'states',
+  sentence) per sentence of its text."""
+  text = " ".join(str(record.text).split())
+  return [(str(record.title), "states", s) for s in _SENTENCE_END.split(text) if s]
+
+
+def knowledge_graph(env: CorpusSearch, train, triples_file: str = "",
+                    default: str = "sentences") -> dict:
+  """{corpus id: [(head, relation, tail)]}, the KG the agent's candidates come from, built
+  without the evaluation questions (it is never handed them): a document's own triples (the
+  world's), else its rows of `triples_file` (extract_triples' JSONL, the paper's offline
+  extraction), else `default` (config key 'sparkle.kg_default'):
+    'sentences'       one (title, 'states', sentence) per sentence of the document: every
+                      document, no labels (the paper's coverage, not its extractor);
+    'train_evidence'  the 2Wiki evidence triples of the training questions on the documents
+                      that state them: label-derived, and only training questions' gold
+                      documents get any;
+    'none'            no triples."""
+  if default not in KG_DEFAULTS:
+    raise ValueError(f"config key 'sparkle.kg_default' is {default!r}; expected one of "
+                     f"{KG_DEFAULTS}")
+  from_file = _load_triples(triples_file)
+  evidence = _evidence_triples(env, train) if default == "train_evidence" else {}
+  out = {}
+  for r in env.records:
+    own = [(t.head, t.relation, t.tail) if hasattr(t, "head") else tuple(t)[:3]
+           for t in (getattr(r, "triples", None) or ())]
+    if own:
+      out[r.id] = own
+    elif r.id in from_file:
+      out[r.id] = list(from_file[r.id])
+    elif default == "sentences":
+      out[r.id] = _sentence_triples(r)
+    else:
+      out[r.id] = list(evidence.get(r.id, ()))
   return out
 
 
@@ -109,11 +153,11 @@ class ProxyTask:
     sel = sources.select(config.data, seed=config.seed)
     self.train, self.eval = list(sel.train), list(sel.eval)
     self.env = CorpusSearch(config, sel, encoder)
-    extracted = _evidence_triples(self.env, self.train + self.eval)
-    for doc, rows in _load_triples(s.get("triples_file", "")).items():
-      extracted[doc] = rows + [r for r in extracted.get(doc, []) if r not in rows]
-    self.store = TripleStore.from_records(self.env.records, self.env.encoder,
-                                          cache_dir=str(self.env.index_dir), extracted=extracted)
+    # Built from the corpus and the training questions only: no evaluation label reaches it.
+    self.store = TripleStore(
+        knowledge_graph(self.env, self.train, s.get("triples_file", ""),
+                        s.get("kg_default", "sentences")),
+        self.env.encoder, cache_dir=str(self.env.index_dir))
     self.agent_cfg = agent_lib.AgentConfig.from_config(s.agent, self.style)
     self.reward_cfg = rewards.RewardConfig.from_config(s.reward)
     self.depth = int(s.tree.depth)
@@ -154,7 +198,8 @@ class ProxyTask:
   def encode(self, text: str) -> list:
     if self.use_chat:
       from rlrag_jax.models import encode_prompt
-      return encode_prompt(self.tokenizer, [{"role": "user", "content": text}])
+      return encode_prompt(self.tokenizer, [{"role": "user", "content": text}],
+                           thinking=self.config.model.thinking)
     return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
   def target_ids(self, text: str) -> list:
