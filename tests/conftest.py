@@ -29,3 +29,19 @@ def shared_data_dir() -> pathlib.Path:
       pytest.fail(msg + "; under CI=true they are required")
     pytest.skip(msg)
   return d
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+  """Under `pytest -n 2 --dist loadgroup` (the README's test command), each module's `slow` tests
+  form one group: they run on one worker, one after another, so a module-scoped fixture (a
+  trained reader, an executor run) is built once rather than once per worker; and xdist hands out
+  the largest groups first, so the long end-to-end modules start early instead of leaving one
+  worker idle at the end. Without xdist the marker does nothing."""
+  for item in items:
+    if item.get_closest_marker("slow") and not item.get_closest_marker("xdist_group"):
+      item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+  # slow tests first (a stable sort: each module keeps its order), so that among groups of
+  # equal size, and before the one-test units, the slow ones are handed out first
+  items[:] = sorted(items, key=lambda item: item.get_closest_marker("slow") is None)
+
