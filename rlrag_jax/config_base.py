@@ -21,14 +21,19 @@ trainer (`rlrag_jax.trainer`) reads these sections for every method:
             (vocab_size is the size of the tokenizer trained on the world's text).
   mesh      data / fsdp / tensor axis sizes (-1: the rest of the devices).
   distributed  jax.distributed.initialize arguments for multi-host runs.
-  sft       warm-up: steps (0 = none), batch_size, lr, lr_schedule, warmup_ratio, weight_decay,
+  sft       warm-up: steps (0 = none), epochs (> 0: the steps are computed at start-up as
+            ceil(epochs x SFT samples / batch) over the task's real SFT samples, one model
+            call each (training.stages.resolve_steps), and sft.steps must be 0; 0 = off),
+            batch_size, lr, lr_schedule, warmup_ratio, weight_decay,
             max_len, pack_bucket (batch widths round up to it: fewer recompiles), group_by_length
             (batches of similar-length samples, within windows of that many batches),
             micro_batches, tokens_per_micro_batch, logits_chunk (as rl's).
   rl        algo ('grpo' | 'dr_grpo' | 'rloo': group advantages of the named estimator;
-            'ppo': a critic, see rl.ppo and rlrag_jax.training.learners), steps, prompts_per_step, group_size, sampling (temperature, top_k, top_p,
-            max_new_tokens), optimiser (lr, lr_schedule cosine | linear | constant after the
-            warmup, warmup_ratio, weight_decay, max_grad_norm), KL
+            'ppo': a critic, see rl.ppo and rlrag_jax.training.learners), steps, epochs (as
+            sft.epochs, over the training prompts at prompts_per_step a step; with dynamic
+            sampling a step may draw more), prompts_per_step, group_size, sampling
+            (temperature, top_k, top_p, max_new_tokens), optimiser (lr, lr_schedule cosine |
+            linear | constant after the warmup, warmup_ratio, weight_decay, max_grad_norm), KL
             (kl_beta, kl_estimator k1 | k2 | k3), PPO clip (clip_eps_low / _high, dual_clip),
             entropy_coef (an entropy bonus: minus it times the aggregated entropy in the loss),
             aggregation (sequence_mean | token_mean | constant), advantages (scale_std,
@@ -112,6 +117,8 @@ def trainer_config(method: str, workdir: str) -> ml_collections.ConfigDict:
 
   c.sft = ml_collections.ConfigDict(dict(
       steps=0, batch_size=32, lr=3e-3, lr_schedule="cosine", warmup_ratio=0.05,
+      epochs=0.0,          # > 0: steps = ceil(epochs x SFT samples / batch), computed at
+                           # start-up from the task's data (sft.steps then 0); 0: off
       weight_decay=0.0, max_len=512, pack_bucket=64,
       group_by_length=0,   # > 0: batches of similar-length SFT samples (sft_samples tasks),
                            # sorted within windows of this many batches (less padding)
@@ -124,6 +131,7 @@ def trainer_config(method: str, workdir: str) -> ml_collections.ConfigDict:
 
   c.rl = ml_collections.ConfigDict(dict(
       algo="grpo", steps=0, prompts_per_step=8, group_size=8, temperature=1.0, top_k=0,
+      epochs=0.0,          # > 0: steps = ceil(epochs x training prompts / prompts_per_step)
       top_p=1.0, max_new_tokens=128, lr=1e-4, lr_schedule="cosine", warmup_ratio=0.0,
       weight_decay=0.0, max_grad_norm=1.0, kl_beta=0.04, kl_estimator="k3", clip_eps_low=0.2, clip_eps_high=0.2,
       dual_clip=0.0, entropy_coef=0.0, aggregation="sequence_mean", scale_std=True, adv_eps=1e-4, mu=1,

@@ -214,6 +214,7 @@ def shared_rules() -> dict:
       "distributed.process_id": at_least(-1),
       # sft (rlrag_jax.training.stages, rlrag_jax.rl.train_step.OptimizerConfig)
       "sft.steps": NON_NEGATIVE,
+      "sft.epochs": NON_NEGATIVE,     # 0: off (sft.steps); both set: stages.resolve_steps
       "sft.batch_size": COUNT,
       "sft.lr": POSITIVE,
       "sft.lr_schedule": OneOf(train_step.SCHEDULES),
@@ -229,6 +230,7 @@ def shared_rules() -> dict:
       # rl (rlrag_jax.training.learners / steps, rlrag_jax.rl.*, the sampler)
       "rl.algo": OneOf(learners.ALGOS),
       "rl.steps": NON_NEGATIVE,
+      "rl.epochs": NON_NEGATIVE,      # 0: off (rl.steps)
       "rl.prompts_per_step": COUNT,
       "rl.group_size": COUNT,
       "rl.temperature": POSITIVE,     # the loss divides the logits by it (0 samples greedily,

@@ -56,6 +56,10 @@ def run(config, *, resume: bool = False, progress: bool = True,
     fingerprint.record(r.workdir, identity, resume=resume)
   if resume:
     r.resume()
+  config = r.config                         # with <stage>.steps computed from <stage>.epochs
+  if r.step == 0 and r.lengths:             # the epochs' counts in metrics.jsonl, at step 0
+    r.rlog.write(0, "schedule", {k: v for length in r.lengths.values()
+                                 for k, v in length.metrics().items()})
   if r.state is None:
     r.state = r.steps.new_state(r.params, r.stage)
   r.params = None
@@ -130,12 +134,16 @@ def _setup(config, stop_after) -> stages.Run:
            len(task.train), len(task.eval))
   mesh = sharding.make_mesh(**dict(config.mesh))
   aux_models.bind(task, aux_models.load(config.get("models"), mesh))
+  # From here on the config's <stage>.steps are the run's lengths (<stage>.epochs counted over
+  # the task's data: stages.resolve_steps).
+  items = sft_samples(task, config)
+  config, lengths = stages.resolve_steps(config, task.train, items)
   steps = Steps(config, model_cfg, mesh, int(config.sft.steps), int(config.rl.steps))
   pad = tok.pad_token_id if tok.pad_token_id is not None else 0
   policy = Policy(model_cfg, None, temperature=config.rl.temperature, top_k=config.rl.top_k,
                   top_p=config.rl.top_p, max_new_tokens=config.rl.max_new_tokens,
                   eos_ids=tuple(model_cfg.eos_token_id), pad_id=pad)
-  sft_iter, rl_iter = stage_iterators(task.train, config, sft_items=sft_samples(task, config))
+  sft_iter, rl_iter = stage_iterators(task.train, config, sft_items=items)
   r = stages.Run(
       config=config, task=task, workdir=workdir, model_cfg=model_cfg, mesh=mesh, steps=steps,
       learner=learners.make_learner(config, steps, mesh, model_cfg, pad),
@@ -146,7 +154,7 @@ def _setup(config, stop_after) -> stages.Run:
                                      "eval.num_examples"),
       iterators={"sft": sft_iter, "rl": rl_iter}, evaluate_fn=_evaluate,
       base_key=jax.random.PRNGKey(config.seed), pad=pad, stop_after=stop_after,
-      stage="sft" if int(config.sft.steps) > 0 else "rl", params=params)
+      stage="sft" if int(config.sft.steps) > 0 else "rl", params=params, lengths=lengths)
   return r
 
 

@@ -1,15 +1,19 @@
 """Training stages over one run context: each owns its loop, its data iterator and its evaluations.
 
-`config.stages` lists them in order (default ('sft', 'rl')); a stage with `<name>.steps` = 0 is
-skipped. Steps are counted globally (SFT 1..S, then RL S+1..S+R), every step's randomness is
-`fold_in(seed_key, step)`, and the iterators' positions are checkpointed, so a resumed run
-repeats exactly the steps an uninterrupted one takes.
+`config.stages` lists them in order (default ('sft', 'rl')); a stage with `<name>.steps` = 0 and
+`<name>.epochs` = 0 is skipped. A stage's length is `<name>.steps`, or with `<name>.epochs` > 0
+steps computed at start-up from the data the run really has (`resolve_steps`, the one place
+that turns epochs into steps). Steps are counted globally (SFT 1..S, then RL S+1..S+R), every
+step's randomness is `fold_in(seed_key, step)`, and the iterators' positions are checkpointed,
+so a resumed run repeats exactly the steps an uninterrupted one takes.
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import logging
+import math
 import pathlib
 import time
 from typing import Any, Callable, Optional
@@ -62,6 +66,7 @@ class Run:
   stage: str = "sft"
   bar: Any = None
   compiles: Any = None
+  lengths: dict = dataclasses.field(default_factory=dict)   # stage -> Length (epochs counted)
 
   @property
   def sft_total(self) -> int:
@@ -88,7 +93,8 @@ class Run:
                        # a task's own growing state (e.g. a training pool built from its
                        # rollouts), JSON, through optional state_dict / load_state_dict
                        "task": task.state_dict() if hasattr(task, "state_dict") else None},
-        meta={"stage": stage, "before": self.before}, force=True)
+        meta={"stage": stage, "before": self.before,
+              "steps": {"sft": self.sft_total, "rl": self.rl_total}}, force=True)
 
   def resume(self) -> bool:
     """Restores the latest checkpoint that restores, if any: state, reference, critic, data
@@ -104,6 +110,7 @@ class Run:
       return self.steps.checkpoint_target(self.learner.abstract_critic() if with_critic
                                           else None)
     restored = self.ckpt.restore_latest(target=target, set_aside_corrupt=True)
+    check_resumed_steps(self.config, restored.meta.get("steps"))
     self.step, self.stage = restored.step, restored.meta["stage"]
     for name, it in self.iterators.items():
       if it is not None and restored.data_position.get(name) is not None:
@@ -271,8 +278,9 @@ def sft_samples(task, config) -> Optional[list]:
   """With the optional `task.sft_samples(example) -> [(prompt_ids, target_ids, loss_mask or
   None), ...]` hook (several SFT samples per example, e.g. one per agent role or turn), the
   flattened samples of every training example; the SFT stage then batches samples, not
-  examples. None without the hook or when SFT does not run."""
-  if not hasattr(task, "sft_samples") or int(config.sft.steps) <= 0:
+  examples (and `sft.epochs` counts passes over them). None without the hook or when SFT does
+  not run."""
+  if not hasattr(task, "sft_samples") or not runs(config.sft):
     return None
   out = []
   for ex in task.train:
@@ -303,12 +311,102 @@ def stage_iterators(train, config, sft_items=None) -> tuple[Optional[BatchIterat
     batch = int(section[batch_key])
     what = "SFT samples" if items is sft_items else "training examples"
     if len(items) < batch:
+      skip = (f"'{stage}.epochs=0'" if float(section.epochs) > 0 else f"'{stage}.steps=0'")
       raise ValueError(
           f"{stage} stage: {len(items)} {what}, fewer than one batch "
           f"(config key '{stage}.{batch_key}' = {batch}); lower it, add data, or set "
-          f"'{stage}.steps=0' to skip the stage")
+          f"{skip} to skip the stage")
     window = int(section.get("group_by_length", 0) or 0) if stage == "sft" else 0
     lengths = [len(x[0]) + len(x[1]) for x in items] if window and items is sft_items else None
     out.append(BatchIterator(items, batch_size=batch, seed=seed, lengths=lengths,
                              length_window=window))
   return tuple(out)
+
+
+# ------------------------------------------------------------------------------------ length
+BATCH_KEYS = {"sft": "batch_size", "rl": "prompts_per_step"}
+
+
+def runs(section) -> bool:
+  """Whether the stage of config section `sft` / `rl` trains: fixed steps or epochs above 0."""
+  return int(section.steps) > 0 or float(section.epochs) > 0
+
+
+def epoch_steps(items: int, global_batch: int, epochs: float) -> int:
+  """Steps for `epochs` passes over `items` at `global_batch` a step: ceil(epochs * items /
+  global_batch), the fewest whose batches hold at least epochs * items samples. (The iterator
+  drops each of its epochs' last partial batch and reshuffles, so a sample may be seen once
+  more or less than another; the count of samples trained on is what is rounded up.)"""
+  exact = epochs * items / global_batch
+  return max(1, math.ceil(round(exact, 9)))     # round: 0.3 * 10 / 3 is 1.0000000000000002
+
+
+@dataclasses.dataclass(frozen=True)
+class Length:
+  """One stage's length as computed from `<stage>.epochs` (see `resolve_steps`)."""
+  stage: str
+  items: int          # SFT samples (model calls) or RL training prompts
+  global_batch: int   # <stage>.<batch key> x processes
+  epochs: float
+  steps: int
+
+  def metrics(self) -> dict:
+    return {f"{self.stage}/samples": self.items, f"{self.stage}/batch": self.global_batch,
+            f"{self.stage}/epochs": self.epochs, f"{self.stage}/steps": self.steps}
+
+
+def resolve_steps(config, train, sft_items=None, process_count: Optional[int] = None) -> tuple:
+  """(config, lengths): where `<stage>.epochs` > 0 (stage 'sft', 'rl'), a copy of `config`
+  whose `<stage>.steps` is the number of steps those epochs take over the data this run has:
+  SFT over `sft_items` (the task's SFT samples, one model call each) when given, else over
+  `train`; RL over `train` (its prompts), at `<stage>.<batch key>` x `process_count` (default
+  `jax.process_count()`, as the batch iterators) items a step (`epoch_steps`). `lengths` holds
+  a `Length` per such stage, each logged once here. Every consumer of a stage's length (the
+  stage plan, the lr schedules, the PPO critic's schedule, the final label) reads the returned
+  config's `<stage>.steps`, so this is the only place epochs become steps. Without epochs the
+  config comes back as it is. Setting both `<stage>.steps` and `<stage>.epochs` is an error
+  naming the two keys. The count is a function of the data and config, so a resumed run
+  computes the same one (`check_resumed_steps` makes sure)."""
+  lengths = {}
+  for stage, key in BATCH_KEYS.items():
+    section = config[stage]
+    epochs, fixed = float(section.epochs), int(section.steps)
+    if epochs <= 0:
+      continue
+    if fixed:
+      raise ValueError(f"config keys '{stage}.steps' = {fixed} and '{stage}.epochs' = {epochs} "
+                       f"are both set; set '{stage}.steps=0' to count epochs, or "
+                       f"'{stage}.epochs=0' for a fixed number of steps")
+    items = sft_items if stage == "sft" and sft_items is not None else train
+    if process_count is None:
+      process_count = jax.process_count()
+    batch = int(section[key]) * int(process_count)
+    lengths[stage] = Length(stage, len(items), batch, epochs,
+                            epoch_steps(len(items), batch, epochs))
+    what = "SFT samples" if items is sft_items else "training examples"
+    log.info("%s stage: %s %s, batch %d ('%s.%s' x %d processes), %g epochs ('%s.epochs') "
+             "-> %d steps", stage, f"{len(items):,}", what, batch, stage, key, process_count,
+             epochs, stage, lengths[stage].steps)
+  if not lengths:
+    return config, lengths
+  config = copy.deepcopy(config)
+  for stage, length in lengths.items():
+    config[stage].steps = length.steps
+  return config, lengths
+
+
+def check_resumed_steps(config, saved: Optional[dict]) -> None:
+  """A resumed run's stage lengths, where counted in epochs, must be the ones its checkpoint
+  was saved with (`saved`: the checkpoint's {'sft': steps, 'rl': steps}; None before such a
+  record): otherwise the data changed under the run, and its global step numbers, stage switch
+  and lr schedules would no longer be those of the run it resumes."""
+  if not saved:
+    return
+  for stage in BATCH_KEYS:
+    section = config[stage]
+    if float(section.epochs) > 0 and int(saved[stage]) != int(section.steps):
+      raise ValueError(
+          f"resume: '{stage}.epochs' = {float(section.epochs):g} gives {int(section.steps)} "
+          f"{stage} steps over this start's data, but the checkpoint's run had "
+          f"{int(saved[stage])}; the training data (or '{stage}.{BATCH_KEYS[stage]}') changed "
+          "since it started")

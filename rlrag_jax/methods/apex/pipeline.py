@@ -84,6 +84,20 @@ def _run_config(path: str, fallback: str = ""):
   return config_base.load_config_file(fallback)
 
 
+def _sft_steps(planner: str, pc) -> int:
+  """The planner run's SFT length: its config's sft.steps, or where it counted sft.epochs the
+  steps its start computed from them (metrics.jsonl's 'schedule' row, trainer.run)."""
+  if "epochs" not in pc.sft or float(pc.sft.epochs) <= 0:   # runs from before sft.epochs
+    return int(pc.sft.steps)
+  from rlrag_jax import runlog
+  rows = [r for r in runlog.read_rows(pathlib.Path(planner) / "metrics.jsonl")
+          if r["stage"] == "schedule" and "sft/steps" in r]
+  if not rows:
+    raise ValueError(f"{planner}: its config counts sft.epochs but metrics.jsonl has no "
+                     "'schedule' row with the SFT steps; pass --planner_sft_step")
+  return int(rows[-1]["sft/steps"])
+
+
 def _policy(lm, max_new_tokens: int):
   from rlrag_jax.rollout.policy import Policy
   tok = lm.tokenizer
@@ -100,8 +114,8 @@ def executor_task(executor: str, out: pathlib.Path, config_file: str = "", data:
   import copy
   from rlrag_jax.methods.apex.task import ExecutorTask
   c = copy.deepcopy(like.config) if like is not None else _run_config(executor, config_file)
-  c.sft.steps = 0
-  c.rl.steps = 0
+  c.sft.steps = c.sft.epochs = 0
+  c.rl.steps = c.rl.epochs = 0
   if (pathlib.Path(executor) / "model").is_dir():
     c.workdir = str(executor)                       # the run's own tokenizer and index cache
   else:
@@ -216,7 +230,7 @@ def run_pipeline(planner: str, executor: str, out, *, executor_base: str = "",
     raise ValueError(f"apex pipeline: no held-out examples ({data or 'the executor run data'})")
   questions = [ex.question for ex in examples]
   pc = _run_config(planner)
-  sft_step = int(pc.sft.steps) if planner_sft_step is None else int(planner_sft_step)
+  sft_step = _sft_steps(planner, pc) if planner_sft_step is None else int(planner_sft_step)
   scorer = sepr.SEPRScorer(task.encoder, float(pc.apex.sepr_threshold))
   plan_sets = {"no_planning": {"plans": [[q] for q in questions]},
                "gold_plan": {"plans": [gold_plan(ex) for ex in examples]}}

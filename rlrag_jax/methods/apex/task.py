@@ -20,6 +20,7 @@ from rlrag_jax.retrieval import from_config
 from rlrag_jax.retrieval.query_cache import QueryEmbeddings
 from rlrag_jax.rollout.single_turn import decode_keeping_tags, single_turn
 from rlrag_jax.tasks import Episode
+from rlrag_jax.training import stages
 
 ROLES = ("planner", "executor")
 PLAN_CUE = "Plan:\n"
@@ -177,14 +178,15 @@ class ExecutorTask:
                    ("top_k", self.top_k)):
       if v < 1:
         raise ValueError(f"config key 'apex.{key}' is {v}; expected >= 1")
-    if int(config.rl.steps) > 0:
-      raise ValueError(f"config key 'rl.steps' is {config.rl.steps}: the APEX executor is "
-                       "trained by SFT only (the paper's design); set rl.steps=0")
+    if stages.runs(config.rl):
+      raise ValueError(f"config keys 'rl.steps' / 'rl.epochs' are {config.rl.steps} / "
+                       f"{config.rl.epochs}: the APEX executor is trained by SFT only (the "
+                       "paper's design); set both to 0")
     self.style = config.data.prompt_style
     sel = sources.select(config.data, seed=config.seed)
     self.train = [ex for ex in sel.train if _gold_fits(ex, self.max_steps)]
     self.eval = list(sel.eval)
-    if not self.train and int(config.sft.steps) > 0:
+    if not self.train and stages.runs(config.sft):
       raise ValueError("apex executor: no training example has a gold decomposition of at most "
                        f"apex.max_steps={self.max_steps} steps")
     self.corpus = from_config.corpus_for(config, sel)

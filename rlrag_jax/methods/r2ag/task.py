@@ -29,6 +29,7 @@ from rlrag_jax.methods.r2ag import inference, parsing, prompts, rewards
 from rlrag_jax.retrieval.corpus_search import CorpusSearch
 from rlrag_jax.rollout.single_turn import completion_ids, decode_keeping_tags
 from rlrag_jax.tasks import Episode
+from rlrag_jax.training import stages
 
 ROLES = ("steering", "generator")
 SPECIAL_TOKENS = ("<think>", "</think>", "<base-Q>", "</base-Q>", "<predicted-Q>",
@@ -406,9 +407,10 @@ class GeneratorTask:
     self.distractors = int(r.generator_distractors)
     sel = sources.select(config.data, seed=config.seed)
     self.train, self.eval = _with_gold(sel.train), _with_gold(sel.eval)
-    if int(config.rl.steps) > 0:
-      raise ValueError(f"config key 'rl.steps' is {config.rl.steps}: the r2ag generator is "
-                       "trained by SFT only; set rl.steps=0")
+    if stages.runs(config.rl):
+      raise ValueError(f"config keys 'rl.steps' / 'rl.epochs' are {config.rl.steps} / "
+                       f"{config.rl.epochs}: the r2ag generator is trained by SFT only; set "
+                       "both to 0")
     self.corpus = CorpusSearch(config, sel, encoder)
     exs = list(self.train) + list(self.eval)
     near = self.corpus.search([ex.question for ex in exs], self.distractors + 4) \

@@ -96,6 +96,10 @@ class SearchTask:
     self.config = config
     sel = sources.select(config.data, seed=config.seed)
     self.train, self.eval = _split(sel, config.data)
+    if float(config.sft.epochs) > 0:      # the reward stages count RL steps from sft.steps
+      raise ValueError(f"config key 'sft.epochs' is {config.sft.epochs}: the search task "
+                       "schedules its reward stages from the global step, so its SFT length "
+                       "must be fixed; set sft.epochs=0 and sft.steps")
     self.sft_steps = int(config.sft.steps)
     self.stage2_step = int(config.reward.stage2_step)
     self.corpus = from_config.corpus_for(config, sel)

@@ -31,7 +31,7 @@ from rlrag_jax.methods.sparkle.triples import TripleStore
 from rlrag_jax.retrieval.corpus_search import CorpusSearch
 from rlrag_jax.rollout.single_turn import decode_keeping_tags
 from rlrag_jax.tasks import Episode
-from rlrag_jax.training import learners
+from rlrag_jax.training import learners, stages
 
 ROLES = ("proxy", "reader")
 ROLLOUTS = ("tree", "standard")
@@ -521,9 +521,10 @@ class ReaderTask:
     self.config = config
     s = config.sparkle
     self.style = config.data.prompt_style
-    if int(config.rl.steps) > 0:
-      raise ValueError(f"config key 'rl.steps' is {config.rl.steps}: the sparkle reader is "
-                       "trained by SFT only; set rl.steps=0")
+    if stages.runs(config.rl):
+      raise ValueError(f"config keys 'rl.steps' / 'rl.epochs' are {config.rl.steps} / "
+                       f"{config.rl.epochs}: the sparkle reader is trained by SFT only; set "
+                       "both to 0")
     sel = sources.select(config.data, seed=config.seed)
     self.env = CorpusSearch(config, sel, encoder)
     self.train = [ex for ex in sel.train if _plan(self.env, ex) is not None]
