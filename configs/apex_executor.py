@@ -18,7 +18,9 @@ plans: em, f1, retrievals, skipped_retrieval, repeated_queries, parse_fallbacks,
 Presets (`get_config(arg)`):
   ''       a small model trained from scratch on the embedded world's oracle trajectories.
   'paper'  appendix D.4 where its text kept the value: full-parameter SFT of an HF instruct
-           checkpoint (set model.path) with a cosine schedule and warm-up, bf16; the real data;
+           checkpoint (set model.path) with a cosine schedule and warm-up, bf16, 3 epochs
+           (sft.epochs: the steps are computed at start-up from the SFT samples the oracle
+           trajectories give); the real data, of which only MuSiQue trains (see below);
            evaluation on the full dev sets of HotpotQA, 2Wiki and MuSiQue and the full
            Bamboogle test set (appendix C), as does the pipeline (pipeline.py) by default.
 
@@ -33,14 +35,22 @@ Differences from the paper, with the reason:
     sub-question, later ones: its named entity; stop once a supporting passage is in).
     `python -m rlrag_jax.methods.apex.self_instruct --url=... --model=...` makes the paper's
     kind instead (any model behind an OpenAI-compatible endpoint runs Algorithm 2 on the gold
-    plans; correct final answers kept); apex.trajectories points SFT at its file.
+    plans; correct final answers kept); apex.trajectories points SFT at its file. Both need a
+    gold decomposition, which only MuSiQue has: HotpotQA's and 2Wiki's training questions are
+    left out by the executor task (their data.mix entries only add passages to the corpus), so
+    the executor trains on MuSiQue alone where the paper sampled all three.
   - The executor prompts (appendix E) are described but their text is lost: ours are
     prompts.INSTRUCTIONS, one per role, saying what the appendix says each does.
   - Max hops H and documents per hop k: Fig. 3 marks the chosen pair but the values are lost
     from the text; the text says 3 documents was best and accuracy rose up to 5 hops. Ours:
     k=3; H=3 on CPU (the oracle rarely needs a second hop), H=5 in ':paper'.
   - Lost from appendix D.4, our choices: 3 epochs, lr 1e-5, warm-up ratio 0.1, 64 samples per
-    step, sequence length 4096.
+    step, sequence length 4096. An SFT sample here is one model call (a role's prompt and
+    output), not a trajectory: a trajectory is ~12.7 calls on the world, so the earlier fixed
+    685 steps (3 x 14,604 trajectories / 64) were ~0.24 epochs of calls. sft.epochs=3 now
+    counts passes over the calls (each call of each kept trajectory 3 times, as 3 epochs of the
+    paper's multi-turn instances would), the steps computed from the real count at start-up
+    (logged, and a 'schedule' row in metrics.jsonl).
   - Passages are shown cut to apex.max_passage_words words (':paper' 200, so that 5 hops of 3
     passages fit the 4096-token length; CPU 80, longer than any world passage). The paper does
     not say how it fits its contexts.
@@ -106,7 +116,9 @@ def get_config(arg: str = ""):
     c.apex.max_hops = 5
     c.apex.max_passage_words = 200
     c.retrieval.backend = "scann"
-    c.sft.steps = 685               # 3 epochs of 14,604 trajectories at 64 a step
+    # 3 passes over the SFT samples the task really produces (one model call each, ~12.7 a
+    # trajectory on the world): the steps are computed at start-up (stages.resolve_steps).
+    c.sft.epochs = 3.0
     c.sft.batch_size = 64
     c.sft.lr = 1e-5
     c.sft.lr_schedule = "cosine"

@@ -32,9 +32,10 @@ Presets (`get_config(arg)`):
                200 SFT steps were chosen to leave the CPU model a partial warm-up (SEPR ~0.33);
                whether they leave the wider one room for RL is to be checked on the GPU run.
   'paper'  the paper's appendix D.3 where its text kept the value: GRPO, 3 epochs over the
-           MuSiQue training questions, 8 samples per group, a KL loss and an entropy bonus,
-           bf16; an HF instruct checkpoint (set model.path) and the real data (data.dir);
-           held-out SEPR on the whole MuSiQue dev set (its 2,417 questions).
+           MuSiQue training questions (rl.epochs: the steps follow from the questions the run
+           has; see below for the paper's 10,473), 8 samples per group, a KL loss and an
+           entropy bonus, bf16; an HF instruct checkpoint (set model.path) and the real data
+           (data.dir); held-out SEPR on the whole MuSiQue dev set (its 2,417 questions).
 
 GPU budget (':gpu'; assumptions, to be checked on a GPU): training FLOPs ~ 6 x params x
 tokens, sampling ~ 2 x params x generated tokens; updates at 20% MFU of the H100's ~990 bf16
@@ -66,10 +67,17 @@ Differences from the paper, with the reason:
     paraphrase templates with the packaged MiniLM (python -m rlrag_jax.methods.apex.calibrate,
     docs/results/apex_sepr_threshold/). The paper's encoder is an unnamed sentence-transformer;
     ours is all-MiniLM-L6-v2 (apex.encoder_path points elsewhere).
-  - Lost from appendix D.3, our choices: lr 1e-6 (constant), 256 prompts per update
-    (ceil(10,473 / 256) = 41 updates an epoch, 123 for 3 epochs), KL coefficient 0.001 with
-    the k3 estimator (verl's low_var_kl default), entropy coefficient 0.001, clip 0.2, prompt
-    and response lengths 1024, temperature 1.0.
+  - Training questions ('paper'): the paper uses "10,473 examples from the MuSiQue training
+    set" and does not say how they were chosen from MuSiQue-Ans train's 19,938. Ours are all
+    of them (less any with more than apex.max_steps gold steps: none in MuSiQue), so 3 epochs
+    are ceil(3 x 19,938 / 256) = 234 steps where the paper's are ceil(3 x 10,473 / 256) = 123
+    (eval.every and checkpoint.every 78: once an epoch of ours). A seeded random 10,473,
+    --config.data.mix=musique:train:10473, gives the paper's count and its 123 steps. On the
+    shared samples (100 MuSiQue train questions) 3 epochs are 2 steps, and 100 questions are
+    fewer than one batch of 256.
+  - Lost from appendix D.3, our choices: lr 1e-6 (constant), 256 prompts per update, KL
+    coefficient 0.001 with the k3 estimator (verl's low_var_kl default), entropy coefficient
+    0.001, clip 0.2, prompt and response lengths 1024, temperature 1.0.
   - Gold plans for MuSiQue: the paper rewrote MuSiQue's symbolic decomposition steps ("#1 >>
     spouse") into natural language with DeepSeek-V3; ours are template rules per Wikidata
     relation with a generic fallback (rlrag_jax/methods/apex/rewrite.py, applied on the fly or
@@ -137,7 +145,9 @@ def get_config(arg: str = ""):
     c.data.prompt_style = "paper"
     c.data.max_train = 0
     c.data.max_eval = 0             # the whole MuSiQue dev set (data.eval_mix)
-    c.rl.steps = 123                # 3 epochs of 10,473 questions at 256 a step
+    # 3 epochs over the training questions the run has, the steps computed at start-up
+    # (stages.resolve_steps): on the whole MuSiQue-Ans train set, ceil(3 x 19,938 / 256) = 234.
+    c.rl.epochs = 3.0
     c.rl.prompts_per_step = 256
     c.rl.group_size = 8
     c.rl.micro_batches = 64
@@ -152,8 +162,8 @@ def get_config(arg: str = ""):
     c.rl.clip_eps_high = 0.2
     c.eval.max_new_tokens = 1024
     c.eval.num_examples = 2417      # MuSiQue-Ans dev, whole
-    c.eval.every = 41               # once an epoch
-    c.checkpoint.every = 41
+    c.eval.every = 78               # once an epoch of the whole train set (ceil(19,938 / 256))
+    c.checkpoint.every = 78
   else:
     raise ValueError(f"configs/apex_planner.py: unknown preset {arg!r}; expected '', 'gpu' or "
                      "'paper'")

@@ -92,7 +92,7 @@ Differences from the paper, with the reason:
   - The SFT data on the world is the oracle's trajectories (prompts.py). On real data,
     `python -m rlrag_jax.methods.sparkle.trajectories` collects a stronger proxy's through an
     OpenAI-compatible endpoint (the paper: Qwen2.5-72B-Instruct) and keeps the correct ones;
-    `sparkle.sft_trajectories` points the warm-up at them. Without either, set sft.steps=0.
+    `sparkle.sft_trajectories` points the warm-up at them. Without either, set sft.epochs=0.
   - Values from the authors' released OpenRLHF-based code (training_script.sh and its PPO CLI
     defaults), not in the paper: clip 0.2, value clip 0.2, GAE λ 0.95, γ 1, the k1 KL estimator,
     temperature 1.0, 160 generated tokens per call. Their code adds the KL to the per-token
@@ -229,7 +229,8 @@ def get_config(arg: str = ""):
     c.data.allow_short = True
     c.data.max_eval = 0
     c.retrieval.backend = "scann"
-    c.sft.steps = 118                   # 1 epoch of ~7,500 trajectories at batch 64
+    c.sft.epochs = 1.0                  # Table 5: 1 pass over the SFT samples (one agent call
+                                        # each, several a trajectory), steps computed at start-up
     c.sft.batch_size = 64
     c.sft.lr = 5e-6
     c.sft.max_len = 2048
