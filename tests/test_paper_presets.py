@@ -31,6 +31,7 @@ def _shrink(c, ckpt, workdir):
   c.model.path = str(ckpt)
   c.data.dir = ""                    # RLRAG_DATA_DIR (the shared samples)
   c.rl.steps = 2
+  c.rl.epochs = 0                    # fixed steps (APEX planner's preset counts epochs)
   c.rl.prompts_per_step = 2
   c.rl.group_size = 2
   c.rl.micro_batches = 2

@@ -118,7 +118,7 @@ def test_paper_presets_train_on_real_data_and_run_the_pipeline(tmp_path, shared_
     e.workdir, e.model.path, e.data.dir = str(tmp_path / "executor"), str(ckpt), ""
     e.data.mix, e.data.eval_mix = ("musique:train",), ("musique:dev",)
     e.data.max_train, e.data.max_eval = 4, 2
-    e.sft.steps, e.sft.batch_size, e.sft.max_len = 2, 2, 2048
+    e.sft.steps, e.sft.epochs, e.sft.batch_size, e.sft.max_len = 2, 0, 2, 2048
     e.apex.max_hops, e.apex.max_query_tokens, e.apex.max_answer_tokens = 2, 6, 6
     e.retrieval.backend = "exact"
     e.eval.update(dict(num_examples=2, max_new_tokens=6, batch_size=2))
@@ -132,7 +132,7 @@ def test_paper_presets_train_on_real_data_and_run_the_pipeline(tmp_path, shared_
   p = apex_planner.get_config("paper")
   p.workdir, p.model.path, p.data.dir = str(tmp_path / "planner"), str(ckpt), ""
   p.data.max_train, p.data.max_eval = 4, 2
-  p.rl.update(dict(steps=1, prompts_per_step=2, group_size=2, micro_batches=1,
+  p.rl.update(dict(steps=1, epochs=0, prompts_per_step=2, group_size=2, micro_batches=1,
                    max_new_tokens=8))
   p.eval.update(dict(num_examples=2, max_new_tokens=8, batch_size=2, every=0))
   p.checkpoint.every = 1

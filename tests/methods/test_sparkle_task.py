@@ -171,7 +171,7 @@ def test_paper_preset_runs_on_real_data(tmp_path, shared_data_dir):
   c.data.eval_mix = ("2wiki:dev:2", "hotpotqa:dev:2")    # per dataset: a cut of both refuses
   c.data.max_train, c.data.max_eval = 4, 0
   c.retrieval.backend = "exact"
-  c.sft.steps = 0                           # real data: SFT needs collected trajectories
+  c.sft.steps = c.sft.epochs = 0            # real data: SFT needs collected trajectories
   c.rl.update(dict(steps=1, prompts_per_step=2, max_new_tokens=6))
   c.sparkle.tree.depth = 1
   c.sparkle.agent.update(dict(max_steps=2))
