@@ -46,11 +46,13 @@ Differences from the paper, with the reason:
     k=3; H=3 on CPU (the oracle rarely needs a second hop), H=5 in ':paper'.
   - Lost from appendix D.4, our choices: 3 epochs, lr 1e-5, warm-up ratio 0.1, 64 samples per
     step, sequence length 4096. An SFT sample here is one model call (a role's prompt and
-    output), not a trajectory: a trajectory is ~12.7 calls on the world, so the earlier fixed
-    685 steps (3 x 14,604 trajectories / 64) were ~0.24 epochs of calls. sft.epochs=3 now
-    counts passes over the calls (each call of each kept trajectory 3 times, as 3 epochs of the
-    paper's multi-turn instances would), the steps computed from the real count at start-up
-    (logged, and a 'schedule' row in metrics.jsonl).
+    output), not a trajectory: the shared samples' 100 MuSiQue train questions give 77 kept
+    oracle trajectories and 799 calls (10.4 a trajectory; measured with the training
+    paragraphs alone as the corpus), so the earlier fixed 685 steps (3 x 14,604 trajectories
+    / 64) were under a third of an epoch of calls. sft.epochs=3 counts passes over the calls
+    (each call of each kept trajectory 3 times, as 3 epochs of the paper's multi-turn
+    instances would), the steps computed from the real count at start-up and logged, with a
+    'schedule' row in metrics.jsonl: 38 on those samples (ceil(3 x 799 / 64)).
   - Passages are shown cut to apex.max_passage_words words (':paper' 200, so that 5 hops of 3
     passages fit the 4096-token length; CPU 80, longer than any world passage). The paper does
     not say how it fits its contexts.
