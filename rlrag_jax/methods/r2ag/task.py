@@ -64,7 +64,9 @@ class SteeringTask:
     self.tree_cfg = dict(r.eval)
     sel = sources.select(config.data, seed=config.seed)
     self.train, self.eval = _with_gold(sel.train), _with_gold(sel.eval)
-    left = len(sel.train) + len(sel.eval) - len(self.train) - len(self.eval)
+    self.validation = _with_gold(sel.val)        # data.val_mix: the validation forests' questions
+    left = (len(sel.train) + len(sel.eval) + len(sel.val) - len(self.train) - len(self.eval)
+            - len(self.validation))
     if left:
       log.warning("r2ag: %d examples have no gold documents and are left out", left)
     if not self.train:
