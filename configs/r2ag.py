@@ -77,6 +77,11 @@ Differences from the paper, with the reason:
     1,000 HotpotQA, all 462 2Wiki and all 93 MuSiQue (1,555). Left out: Natural Questions dev
     (the shared samples hold only FlashRAG's NQ test subsample, and its questions carry no gold
     documents, which R2AG's recall metrics need), MultiHopRAG and LongBench-v2 (no loaders).
+  - The steering prompt ('paper' style) is appendix G.1's instruction, the paper's text
+    (methods/r2ag/prompts.py INSTRUCTION); the paper shows no user turn, so how the question and
+    the evidences follow it ("Question: ...", "Evidences:" with numbered passages) is ours, and
+    so is whatever the PDF-to-text conversion lost of G.1 (straight or curly quotes, the
+    figure's line wrapping; the comment there says which).
   - The SFT warm-up is ours (the paper RL-trains Qwen3-8B directly): a from-scratch CPU model
     cannot write the format without it. Its oracle (prompts.py) reads the gold decomposition;
     its predicted queries use the gold answers (the oracle "knows" the next hop). It is kept

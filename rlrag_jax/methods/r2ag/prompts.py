@@ -1,7 +1,8 @@
 """The steering model's prompt and the oracle that writes its SFT targets on the embedded world.
 
-The 'paper' prompt is appendix G.1's decomposition instruction (base questions for the current
-hop, predicted next-hop questions from the model's own knowledge, "stop retrieval" / "none").
+The 'paper' prompt is appendix G.1's decomposition instruction, the paper's text (base questions
+for the current hop, predicted next-hop questions from the model's own knowledge, "stop
+retrieval" / "none"); the user turn that carries the question and the evidences is ours.
 The 'compact' prompt of the small from-scratch CPU model is the question, the evidence and a cue.
 
 The oracle (the SFT warm-up, ours: the paper has none) reads the gold decomposition. At a context
@@ -20,7 +21,45 @@ from rlrag_jax.data.schema import fill_references, step_references
 from rlrag_jax.methods.r2ag import parsing
 from rlrag_jax.retrieval.retriever import numbered_passages
 
+# Appendix G.1 ("Prompt Example For R to Generate Intermediate Queries", Figure A.3), verbatim
+# from the paper's text as converted from its PDF: the PDF's line numbers and end-of-line
+# hyphenation ("ques- tion" -> "question") are removed, its paragraphs and line breaks kept.
+# What the conversion cannot tell: whether the quotes were straight or curly (straight here, as
+# extracted) and how a line that wraps in the figure was broken in the original (joined here).
+# The paper gives no user-turn template: how the question and the evidences follow this
+# instruction (user_text) is ours.
 INSTRUCTION = (
+    "#Decomposition#\n"
+    "Task: You will be provided with a user question and evidences that may help to answer the "
+    "question. Decompose the complex user question into single-hop retrievable sub-questions "
+    "following these rules:\n"
+    "Steps:\n"
+    "1. Base Questions (<base-Q>):\n"
+    "- Decompose the current-hop question directly from user question, taking the evidences for "
+    "reference (if the user question is \"A \u2192 B \u2192 C\", and evidences cover \"A\", "
+    "then decompose into \"B\". Note do not repeat questions already answered by the provided "
+    "evidences).\n"
+    "- Each must target a single fact (WHO/WHEN/WHERE/etc.)\n"
+    "- If evidences already answer the user question, respond with \"stop retrieval\" as the "
+    "base question.\n"
+    "\n"
+    "2. Predicted Questions (<predicted-Q>):\n"
+    "- Forecast next-hop questions based on the base questions only if you have knowledge to "
+    "any base questions\n"
+    "- If you have no knowledge to predict further questions, or evidences already answers the "
+    "user question, respond with \"none\" as the predicted question.\n"
+    "\n"
+    "Keep your thinking process useful and brief.\n"
+    "\n"
+    "Wrap reasoning process inside: <think></think>.\n"
+    "Wrap each of the base questions (or \"stop retrieval\") inside: <base-Q></base-Q>.\n"
+    "Wrap each of the predicted question (or \"none\") inside: <predicted-Q></predicted-Q>")
+
+# An earlier paraphrase of G.1 (not the paper's text, and no longer a prompt). It stays only
+# as training text of the from-scratch CPU presets' tokenizer (SteeringTask.tokenizer_texts):
+# their 'compact' prompts never show an instruction, but the BPE merges were learned with this
+# text among the rest, and a different text would change the tokenizer and their results.
+TOKENIZER_TEXT = (
     "Task: You will be provided with a user question and evidences that may help to answer the "
     "question. Decompose the complex user question into single-hop retrievable sub-questions "
     "following these rules:\n"

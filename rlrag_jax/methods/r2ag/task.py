@@ -130,7 +130,7 @@ class SteeringTask:
     return self.target_ids(self.sft_target(ex))
 
   def tokenizer_texts(self):
-    yield prompts.INSTRUCTION
+    yield prompts.TOKENIZER_TEXT       # not the prompt: see its comment
     yield prompts.prompt_text("", [], self.style)
     yield prompts.GENERATOR_INSTRUCTION
     for r in self.corpus.records:
