@@ -10,6 +10,7 @@ aux_models, compiles.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import pathlib
 import time
@@ -145,7 +146,10 @@ def _setup(config, stop_after) -> stages.Run:
       eval_policy=dataclasses.replace(policy, max_new_tokens=config.eval.max_new_tokens),
       eval_examples=sources.cut_eval(list(task.eval), config.eval.num_examples,
                                      "eval.num_examples"),
-      iterators={"sft": sft_iter, "rl": rl_iter}, evaluate_fn=_evaluate,
+      iterators={"sft": sft_iter, "rl": rl_iter},
+      evaluate_fn=functools.partial(_evaluate, eval_judge=judge.from_config(
+          config.eval, prompt=getattr(task, "judge_prompt", judge.DEFAULT_PROMPT),
+          where="eval")),
       base_key=jax.random.PRNGKey(config.seed), pad=pad, stop_after=stop_after,
       stage="sft" if int(config.sft.steps) > 0 else "rl", params=params,
       val_examples=validation_of(task))
@@ -158,9 +162,11 @@ def _setup(config, stop_after) -> stages.Run:
   return r
 
 
-def _evaluate(task, policy, examples, config, desc):
+def _evaluate(task, policy, examples, config, desc, eval_judge=None):
+  """`evaluation.evaluate`; with eval.judge_url set, `eval_judge` (the task's `judge_prompt`, else
+  the neutral one) adds the 'judge' accuracy column, as `python -m rlrag_jax.evaluate` does."""
   return evaluation.evaluate(task, policy, examples, batch_size=config.eval.batch_size,
-                             seed=config.seed, desc=desc)
+                             seed=config.seed, desc=desc, judge=eval_judge)
 
 
 def is_run_dir(path) -> bool:

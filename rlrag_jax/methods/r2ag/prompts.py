@@ -184,3 +184,64 @@ def steering_ids(tokenizer, question: str, docs: Sequence[tuple], style: str, us
                          thinking=thinking)
   return tokenizer(prompt_text(question, docs, style, passage_words),
                    add_special_tokens=False)["input_ids"]
+
+
+# ------------------------------------------------------------------------------ the LLM judge
+# Appendix G.2 ("Prompt Used for LLM-EM Evaluation with GPT-4o", Figure A.4): the system prompt
+# verbatim from the paper's text as converted from its PDF, its curly quotes and apostrophes as
+# extracted (the conversion cannot tell whether the original had straight ones), the figure's
+# line wraps joined. The paper shows the user turn only through its two instances ("User's
+# input": Query / Label / Student's Answer), so the user template below follows them; the
+# verdict is read from the last 'Validation:' (either quote style), and the reply may spend up to
+# JUDGE_MAX_TOKENS (ours) on the "Analysis:" the instances write first.
+JUDGE_SYSTEM = (
+    "You are an excellent teacher. You will be given a query and its corresponding label, along "
+    "with a student\u2019s answer to validate. Your task is to determine if the answer correctly "
+    "answers the query based on the label.\n"
+    "Provide your validation in the form: Validation: [\u201cCorrect\u201d] or Validation: "
+    "[\u201cWrong\u201d]. Learn from the instances below:\n"
+    "### Instance 1\n"
+    "#### User\u2019s input:\n"
+    "Query: \u201cWhat is the majority party in the country where Canberra is located in "
+    "2024?\u201d\n"
+    "Label: \u201cThe Labor Party.\u201d\n"
+    "Student\u2019s Answer: \u201cThe Labor Party is the majority party in the country where "
+    "Canberra is located in 2024.\u201d\n"
+    "#### Expected response:\n"
+    "Analysis:\n"
+    "The student\u2019s answer correctly matches the label, as it accurately restates that the "
+    "Labor Party is the majority party in the country where Canberra is located in 2024.\n"
+    "Validation: [\u201cCorrect\u201d]\n"
+    "### Instance 2\n"
+    "#### User\u2019s input:\n"
+    "Query: \u201cAre either Baz Warne or Marty Balin actors?\u201d\n"
+    "Label: \u201cno\u201d\n"
+    "Student\u2019s Answer: \u201cBaz Warne is an actor while Marty Balin is not.\u201d\n"
+    "#### Expected response:\n"
+    "Analysis:\n"
+    "The label indicates that neither Baz Warne nor Marty Balin are actors. However, the "
+    "student\u2019s answer incorrectly states that Baz Warne is an actor. This contradicts the "
+    "label. Therefore, the student\u2019s answer does not match the correct information provided "
+    "by the label.\n"
+    "Validation: [\u201cWrong\u201d]\n"
+    "\n"
+    "Now process the user query.")
+JUDGE_USER = ("Query: \u201c{question}\u201d\nLabel: \u201c{gold}\u201d\n"
+              "Student\u2019s Answer: \u201c{pred}\u201d")
+JUDGE_MAX_TOKENS = 256
+
+
+def judge_verdict(reply: str):
+  """True / False from the last 'Validation: ["Correct"]' / '["Wrong"]' of a reply (quotes
+  and brackets optional, any case); None when there is none."""
+  import re
+  found = re.findall(r"validation\s*:\s*\[?\s*[\"'\u201c\u201d]?\s*(correct|wrong)",
+                     reply or "", flags=re.I)
+  return None if not found else found[-1].lower() == "correct"
+
+
+def judge_prompt():
+  """G.2 as a `judge.JudgePrompt` (eval.judge_url: the evaluation's 'judge' column)."""
+  from rlrag_jax import judge
+  return judge.JudgePrompt(JUDGE_USER, parse=judge_verdict, max_tokens=JUDGE_MAX_TOKENS,
+                           system=JUDGE_SYSTEM)
