@@ -42,7 +42,11 @@ Presets (`get_config(arg)`):
                moves further per Adam step) and muP's 1/width; ours, to be tuned on a GPU.
   'paper'  appendix B.2: group 12, prompt batch 128, lr 1e-6, clip 0.2 / 0.28, no KL, 4,096
            output tokens, 5 iterations, k = 1, t = 4 base / 2 predicted, no SFT warm-up, no
-           refill of dropped groups; the real data (500 HotpotQA + 3,000 2Wiki + 1,174 MuSiQue);
+           refill of dropped groups; the real data: 500 HotpotQA + 3,000 2Wiki + 1,174 MuSiQue
+           training questions drawn at random per dataset with `seed` (data.mix quotas);
+           300 validation questions (150 2Wiki + 150 MuSiQue, data.val_mix) evaluated every 10
+           RL steps, the best state kept, early stopping (eval.val_*, early_stop_patience);
+           evaluation with t = M/2 per dataset (r2ag.eval.t_base_by_dataset);
            evaluation on 1,000 random dev questions of each of HotpotQA, 2Wiki and MuSiQue
            (appendix C.2), drawn per dataset with `seed`.
 
@@ -67,11 +71,49 @@ retrieval of up to 6 queries per output with MiniLM, rewards, the evaluation's t
 generator answers), which only a GPU run measures.
 
 Differences from the paper, with the reason:
+  - Training questions ('paper'): the quotas are the paper's, each min(quota, available)
+    (data.allow_short): on the shared samples (../shared/data) all 110 HotpotQA and all 100
+    MuSiQue train questions, and no 2Wiki (the samples hold no 2Wiki train split: drop
+    '2wiki:train:3000' from data.mix there, or point data.dir at the full datasets).
   - Evaluation ('paper'): 1,000 random dev questions of HotpotQA, 2Wiki and MuSiQue, each
     min(1,000, available) (data.eval_allow_short): on the shared samples (../shared/data)
     1,000 HotpotQA, all 462 2Wiki and all 93 MuSiQue (1,555). Left out: Natural Questions dev
     (the shared samples hold only FlashRAG's NQ test subsample, and its questions carry no gold
-    documents, which R2AG's recall metrics need), MultiHopRAG and LongBench-v2 (no loaders).
+    documents, which R2AG's recall metrics need; rlrag_jax/data/loaders.py reads NQ only in
+    FlashRAG's format), MultiHopRAG and LongBench-v2 (no loaders, and no samples to build and
+    test one on).
+  - The steering prompt ('paper' style) is appendix G.1's instruction, the paper's text
+    (methods/r2ag/prompts.py INSTRUCTION); the paper shows no user turn, so how the question and
+    the evidences follow it ("Question: ...", "Evidences:" with numbered passages) is ours, and
+    so is whatever the PDF-to-text conversion lost of G.1 (straight or curly quotes, the
+    figure's line wrapping; the comment there says which).
+  - Validation ('paper'): appendix B.2's 150 2Wiki + 150 MuSiQue training questions
+    (data.val_mix), drawn from what the training quotas leave of those splits, evaluated every
+    eval.val_every = 10 RL steps; the best state by eval.val_metric is kept and 3 validations
+    without a better one stop RL (eval.early_stop_patience). The paper says only "early
+    stopping applied to prevent overfitting": the interval, the metric (ours: held-out Recall
+    of the main tree, R2AG's goal, Eq. 1) and the patience are ours, and our validation expands
+    inference trees (as the evaluation does) where the paper's "validation RR-Forests" may
+    score the training reward. On the shared samples there is no validation set (no 2Wiki
+    train split; training takes all 100 MuSiQue train questions): set data.val_mix to what is
+    left there, or eval.val_every=0.
+  - Retrieval ('paper'): by default (retrieval.corpus '', retrieval.encoder_path '') the
+    corpus is the deduplicated contexts of the selected questions (train, evaluation,
+    validation: each HotpotQA / 2Wiki question's 10 paragraphs, each MuSiQue one's 20) and the
+    encoder the packaged MiniLM-L6 (22M), because the paper's retrieval corpora ("their
+    original document collections"; for NQ the 2021 Wikipedia dump) and its retriever
+    multilingual-e5-large-instruct (0.56B) are not shipped with the repository. To use the
+    paper's: retrieval.corpus=/path/to/collection.jsonl (one {"title", "text"} passage a line,
+    holding the gold paragraphs with the examples' titles and texts: gold documents are matched
+    by title and text) and retrieval.encoder_path=/path/to/multilingual-e5-large-instruct (a
+    local HF checkpoint; the encoder mean-pools as E5 does, but queries are encoded without
+    E5-instruct's "Instruct: ...\nQuery: " prefix, which our encoder does not add).
+  - LLM accuracy (appendix G.2, GPT-4o; the paper reports it on MultiHopRAG only): off by
+    default; with eval.judge_url / eval.judge_model set, every evaluation gains a 'judge'
+    column asked with G.2's prompt (methods/r2ag/prompts.py JUDGE_SYSTEM, the paper's text; the
+    user turn follows its instances, and at most 256 reply tokens for the analysis, ours).
+  - The learning rate: the paper gives "an initial learning rate of 1e-6" and no schedule;
+    ':paper' keeps it constant (rl.lr_schedule 'constant', no warm-up), our reading.
   - The SFT warm-up is ours (the paper RL-trains Qwen3-8B directly): a from-scratch CPU model
     cannot write the format without it. Its oracle (prompts.py) reads the gold decomposition;
     its predicted queries use the gold answers (the oracle "knows" the next hop). It is kept
@@ -98,7 +140,9 @@ Differences from the paper, with the reason:
     draws replacements (on in the CPU default, at most 2 tries; off in ':paper'). In the CPU
     trials about 5% of groups were flat.
   - Evaluation: t limits the queries expanded per output (r2ag.eval.t_base; the paper's main
-    tables t = M/2 with M the dataset's maximum hops: 2 on the world); predicted queries per
+    tables t = M/2 with M the dataset's maximum hops: 2 on the world; ':paper' sets it per
+    dataset with r2ag.eval.t_base_by_dataset, M from section 3.1's hop counts: HotpotQA 2
+    -> t 1, 2Wiki 4 -> 2, MuSiQue 2-4 -> 2); predicted queries per
     output r2ag.eval.t_pred (the paper does not say; ours 1) join each base child (the
     composite node). The paper samples at T 0.6, top-p 0.9 (':paper'); the CPU default is greedy.
   - Iterations L_MAX-I = 5 in training and evaluation, as in the paper; the CPU forest stops at
@@ -131,6 +175,9 @@ def base_config() -> ml_collections.ConfigDict:
                                             max_size=64, carry="gold")),
       eval=ml_collections.ConfigDict(dict(
           top_k=1, other_top_k=(2,), base_only=True, t_base=2, t_pred=1, max_iterations=5,
+          # 'dataset:t' entries: t_base for the evaluation questions of that dataset (source);
+          # () or a dataset not named: t_base.
+          t_base_by_dataset=(),
           max_branches=8, temperature=0.0, top_p=1.0, sr_k=5, generator_max_docs=8,
           answer_tokens=16,
           # Qwen3's template: False renders the empty think block, so the generator's
@@ -187,7 +234,20 @@ def get_config(arg: str = ""):
     config_base.use_hf_model(c)
     c.models.generator = ml_collections.ConfigDict(dict(path=""))
     c.data.prompt_style = "paper"
-    c.data.mix = ("hotpotqa:train", "2wiki:train", "musique:train")
+    # Appendix B.2: 500 random HotpotQA, 3,000 2Wiki and 1,174 MuSiQue training questions
+    # (4,674 RR-Forests), drawn per dataset with `seed`; a split smaller than its quota (the
+    # shared samples) is taken whole (data.allow_short, warned).
+    c.data.mix = ("hotpotqa:train:500", "2wiki:train:3000", "musique:train:1174")
+    c.data.allow_short = True
+    # Appendix B.2: 150 2Wiki + 150 MuSiQue training questions as 300 validation RR-Forests,
+    # drawn (seeded) from what the training quotas leave of those splits. Evaluated every 10 RL
+    # steps (the checkpoint interval; the paper gives none) by held-out Recall (ours: the paper
+    # names no validation metric); the best state is kept, and 3 validations without a better
+    # one stop RL ("early stopping applied to prevent overfitting"; the patience is ours).
+    c.data.val_mix = ("2wiki:train:150", "musique:train:150")
+    c.eval.val_every = 10
+    c.eval.val_metric = "recall"
+    c.eval.early_stop_patience = 3
     # 1,000 random dev questions of each (appendix C.2), min(1,000, available) on smaller sets.
     c.data.eval_mix = ("hotpotqa:dev:1000", "2wiki:dev:1000", "musique:dev:1000")
     c.data.eval_allow_short = True
@@ -195,6 +255,9 @@ def get_config(arg: str = ""):
     c.retrieval.backend = "scann"
     c.r2ag.forest.size = 4674          # 500 HotpotQA + 3,000 2Wiki + 1,174 MuSiQue
     c.r2ag.forest.max_size = 4674 * 2
+    # Appendix C.2 / D.1: t = M/2 with M the dataset's maximum hops (section 3.1: HotpotQA 2,
+    # 2Wiki 4, MuSiQue 2-4); t_base stays 2 for any other source.
+    c.r2ag.eval.t_base_by_dataset = ("hotpotqa:1", "2wiki:2", "musique:2")
     c.r2ag.eval.temperature = 0.6
     c.r2ag.eval.top_p = 0.9
     c.sft.steps = 0

@@ -11,7 +11,9 @@ trainer (`rlrag_jax.trainer`) reads these sections for every method:
             allow_short (a mix count above a split's size takes the whole split, warned),
             eval_allow_short (the same for eval_mix counts: min(count, available) per dataset),
             check_overlap (refuse train/eval question overlap); mix / eval_mix entries are
-            'name:split[:count]' (see `rlrag_jax.data.sources`).
+            'name:split[:count]' (see `rlrag_jax.data.sources`); val_mix: validation entries
+            'name:split:count', drawn from what train and eval leave of each split (disjoint;
+            () = no validation set), for eval.val_every.
   model     init ('scratch' | 'hf'), path (HF checkpoint dir when 'hf'), chat_template,
             thinking (Qwen3's enable_thinking in the chat template; False: a direct answer), dtype
             (compute), param_dtype (the trained master params: float32 by default, so that
@@ -55,6 +57,10 @@ trainer (`rlrag_jax.trainer`) reads these sections for every method:
             whiten (advantages), whiten_by (an Episode.info key, e.g. SPARKLE's 'role': whiten
             separately within each of its values), mini_batches (per epoch; rl.mu epochs)).
   eval      every (RL steps; 0 = before and after RL only), num_examples, max_new_tokens,
+            val_every (RL steps between evaluations of the validation set, data.val_mix; 0:
+            none), val_metric (its summary's metric, higher is better: the best state is kept
+            under <workdir>/best and is what the final evaluation, report and export use),
+            early_stop_patience (validations without a new best before RL stops; 0: never),
             batch_size, optional OpenAI-compatible judge (judge_url, judge_model;
             judge_concurrency requests in flight at once; judge_max_failure_rate /
             judge_failure_window: stop once more than that share of the last that many judge
@@ -98,7 +104,7 @@ def trainer_config(method: str, workdir: str) -> ml_collections.ConfigDict:
   c.data = ml_collections.ConfigDict(dict(
       source="world", world=world_config(), dir="", max_train=0,
       max_eval=200, prompt_style="paper", skip_invalid=False, allow_short=False,
-      eval_allow_short=False, check_overlap=True))
+      eval_allow_short=False, check_overlap=True, val_mix=()))
 
   c.model = ml_collections.ConfigDict(dict(
       init="scratch", path="", chat_template=True, dtype="float32", param_dtype="float32",
@@ -151,6 +157,7 @@ def trainer_config(method: str, workdir: str) -> ml_collections.ConfigDict:
 
   c.eval = ml_collections.ConfigDict(dict(
       every=0, num_examples=200, max_new_tokens=128, batch_size=64, judge_url="", judge_model="",
+      val_every=0, val_metric="em", early_stop_patience=0,
       judge_concurrency=16,           # judge requests in flight at once
       # The evaluation stops once more than this share of the last judge_failure_window judge
       # calls failed (a failed call scores as a wrong answer); 1.0: never stop.

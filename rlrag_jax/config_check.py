@@ -132,6 +132,17 @@ class DatasetSpec:
     return None
 
 
+class MetricName:
+  """A key of an evaluation summary ('em', 'recall', 'judge', ...): a non-empty string without
+  spaces; whether the task's summary holds it is known at the first validation, which names
+  the keys it holds."""
+
+  def __call__(self, v) -> Optional[str]:
+    if isinstance(v, str) and v and not any(ch.isspace() for ch in v):
+      return None
+    return "must be a metric name of the evaluation summary (a non-empty string, no spaces)"
+
+
 # The prompt styles every method reads: 'compact' drops the fixed instruction text (a
 # from-scratch model gains nothing from it), 'paper' is the paper's prompt.
 PROMPT_STYLES = ("paper", "compact")
@@ -180,6 +191,7 @@ def shared_rules() -> dict:
       "data.prompt_style": OneOf(PROMPT_STYLES),
       "data.mix": Each(DatasetSpec()),
       "data.eval_mix": Each(DatasetSpec()),
+      "data.val_mix": Each(DatasetSpec()),
       "data.max_train": COUNT_OR_OFF,
       "data.max_eval": COUNT_OR_OFF,
       "data.max_contexts": COUNT_OR_OFF,
@@ -265,6 +277,9 @@ def shared_rules() -> dict:
       "rl.ppo.mini_batches": COUNT,
       # eval, checkpoints, logging
       "eval.every": COUNT_OR_OFF,
+      "eval.val_every": COUNT_OR_OFF,              # 0: no validation
+      "eval.val_metric": MetricName(),             # a key of the evaluation summary
+      "eval.early_stop_patience": COUNT_OR_OFF,    # 0: never stop early
       "eval.num_examples": NON_NEGATIVE,
       "eval.max_new_tokens": COUNT,
       "eval.batch_size": COUNT,

@@ -26,6 +26,8 @@ class Task(Protocol):
   tokenizer: Any
   train: Sequence[Any]          # training examples
   eval: Sequence[Any]           # held-out examples
+  # Optional: `validation: Sequence[Any]`, held-out examples for model selection while training
+  # (data.val_mix; eval.val_every, eval.early_stop_patience): disjoint from train and eval.
 
   def prompt_ids(self, example) -> list: ...
 
@@ -74,6 +76,11 @@ class Task(Protocol):
 def monitors_of(task) -> list:
   """The task's endpoint failure monitors (its optional `monitors()` hook; [] without it)."""
   return list(task.monitors()) if hasattr(task, "monitors") else []
+
+
+def validation_of(task) -> list:
+  """The task's validation examples (its optional `validation`; [] without it)."""
+  return list(task.validation) if hasattr(task, "validation") else []
 
 
 def get_task(name: str, config) -> Task:

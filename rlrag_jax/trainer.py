@@ -10,6 +10,7 @@ aux_models, compiles.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import pathlib
 import time
@@ -21,8 +22,8 @@ from rlrag_jax import compile_cache, config_check, evaluation, fingerprint, judg
 from rlrag_jax.data import sources
 from rlrag_jax.models import LM, ModelConfig, hf_io, load_hf, save_hf
 from rlrag_jax.rollout.policy import Policy
-from rlrag_jax.tasks import get_task
-from rlrag_jax.training import aux_models, compiles, learners, report, stages
+from rlrag_jax.tasks import get_task, validation_of
+from rlrag_jax.training import aux_models, compiles, early_stop, learners, report, stages
 from rlrag_jax.training.stages import sft_samples, stage_iterators  # noqa: F401 (re-exported)
 from rlrag_jax.training.steps import Steps, build_model  # noqa: F401 (re-exported)
 
@@ -72,20 +73,21 @@ def run(config, *, resume: bool = False, progress: bool = True,
       stage.enter(r)
       stage.loop(r, end)
   except stages.Stopped:
-    r.ckpt.close()
+    r.close_checkpoints()
     r.compiles.close()
     return None
   except judge.EndpointFailing:       # the judge or reader is down: the last checkpoint is
     if r.bar is not None:             # written in full, so --resume goes on once it is back
       r.bar.close()
-    r.ckpt.close()
+    r.close_checkpoints()
     r.compiles.close()
     raise
   if r.bar is not None:
     r.bar.close()
   if config.checkpoint.every and r.ckpt.latest_step() != r.step:
     r.save("rl")
-  r.ckpt.close()
+  r.restore_best()                    # with validation on: evaluate and export the best state
+  r.close_checkpoints()
   r.compiles.close()
   log.info("XLA compiles over the run: %s", r.compiles.summary())
   log.debug("XLA compiles by program:\n  %s", "\n  ".join(r.compiles.by_function_lines()))
@@ -152,15 +154,27 @@ def _setup(config, stop_after) -> stages.Run:
       eval_policy=dataclasses.replace(policy, max_new_tokens=config.eval.max_new_tokens),
       eval_examples=sources.cut_eval(list(task.eval), config.eval.num_examples,
                                      "eval.num_examples"),
-      iterators={"sft": sft_iter, "rl": rl_iter}, evaluate_fn=_evaluate,
+      iterators={"sft": sft_iter, "rl": rl_iter},
+      evaluate_fn=functools.partial(_evaluate, eval_judge=judge.from_config(
+          config.eval, prompt=getattr(task, "judge_prompt", judge.DEFAULT_PROMPT),
+          where="eval")),
       base_key=jax.random.PRNGKey(config.seed), pad=pad, stop_after=stop_after,
-      stage="sft" if int(config.sft.steps) > 0 else "rl", params=params, lengths=lengths)
+      stage="sft" if int(config.sft.steps) > 0 else "rl", params=params, lengths=lengths,
+      val_examples=validation_of(task))
+  if int(config.eval.val_every) > 0:
+    if not r.val_examples:
+      raise ValueError(f"config key 'eval.val_every' is {config.eval.val_every} but the task "
+                       "has no validation examples: set data.val_mix (e.g. 'musique:train:150'), "
+                       "or eval.val_every=0")
+    r.early = early_stop.EarlyStopping(patience=int(config.eval.early_stop_patience))
   return r
 
 
-def _evaluate(task, policy, examples, config, desc):
+def _evaluate(task, policy, examples, config, desc, eval_judge=None):
+  """`evaluation.evaluate`; with eval.judge_url set, `eval_judge` (the task's `judge_prompt`, else
+  the neutral one) adds the 'judge' accuracy column, as `python -m rlrag_jax.evaluate` does."""
   return evaluation.evaluate(task, policy, examples, batch_size=config.eval.batch_size,
-                             seed=config.seed, desc=desc)
+                             seed=config.seed, desc=desc, judge=eval_judge)
 
 
 def is_run_dir(path) -> bool:

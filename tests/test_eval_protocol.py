@@ -47,6 +47,7 @@ def _eval_only(preset, shared, seed=None):
     c.seed = seed
   mix = tuple(c.data.mix)
   c.data.mix = ()          # the shared samples lack most train quotas; disjointness is below
+  c.data.val_mix = ()      # drawn from the same train splits (R2AG's 2Wiki train: absent)
   return c, mix, sources.select(c.data, seed=c.seed).eval
 
 
@@ -133,7 +134,7 @@ def test_search_paper_validates_on_a_random_held_out_fifth(shared_data_dir):
 def test_a_cut_of_several_evaluation_datasets_is_refused(shared_data_dir):
   """`data.max_eval` below the total of several datasets would keep the first dataset only."""
   c = load_config_file("configs/r2ag.py:paper")
-  c.data.dir, c.data.mix = str(shared_data_dir), ()
+  c.data.dir, c.data.mix, c.data.val_mix = str(shared_data_dir), (), ()
   c.data.eval_mix = ("hotpotqa:dev", "musique:dev")
   c.data.max_eval = 1000
   with pytest.raises(sources.EvalCutError, match=r"data.max_eval.*hotpotqa 1000, musique 93"):
@@ -157,7 +158,7 @@ def test_every_real_data_preset_evaluates_every_dataset_it_names(spec, shared_da
   """No preset (auxiliary models' included) hits the multi-dataset cut on the shared samples:
   each evaluates every dataset of its data.eval_mix."""
   c = load_config_file(spec)
-  c.data.dir, c.data.mix = str(shared_data_dir), ()
+  c.data.dir, c.data.mix, c.data.val_mix = str(shared_data_dir), (), ()
   ev = sources.select(c.data, seed=c.seed).eval
   assert sources.cut_eval(ev, c.eval.num_examples, "eval.num_examples") == ev
   assert {ex.source for ex in ev} == {sources.parse_spec(s)[0] for s in c.data.eval_mix}

@@ -12,6 +12,12 @@
            Train and eval questions must not overlap (`OverlapError`; the check is
            `data.check_overlap`, on by default).
 
+Validation (model selection while training, e.g. early stopping): `config.data.val_mix`
+entries 'name:split:count' are drawn (seeded) from what the training and evaluation selections
+leave of each split, and from what earlier validation entries leave, so the three are disjoint
+by construction; a count above what is left takes the rest (`data.allow_short`, warned) or is
+a `QuotaError`. Empty (the default): no validation set.
+
 Evaluation on several datasets: give each `data.eval_mix` entry its own count
 ('hotpotqa:dev:1000'), or none for the whole split. `data.max_eval` cuts the evaluation list,
 which holds the datasets one after the other, so a cut of a list from several datasets would
@@ -51,6 +57,7 @@ class Selection:
   eval: list
   corpus: list            # CorpusRecords for retrieval ([] when the source has none)
   world: Optional[object] = None
+  val: list = dataclasses.field(default_factory=list)   # data.val_mix (model selection)
 
 
 def select(data_cfg, seed: int = 0) -> Selection:
@@ -65,7 +72,10 @@ def select(data_cfg, seed: int = 0) -> Selection:
     ev = [ex for spec in data_cfg.eval_mix for ex in load(spec, "data.eval_mix")]
     if data_cfg.get("check_overlap", True):
       check_disjoint(train, ev)
-    sel = Selection(train, ev, [])
+    val = []
+    for spec in data_cfg.val_mix:
+      val += _load_spec(spec, data_cfg, seed, "data.val_mix", exclude=train + ev + val)
+    sel = Selection(train, ev, [], val=val)
   else:
     raise ValueError(f"config key 'data.source' is {data_cfg.source!r}; expected one of {SOURCES}")
   rng = random.Random(seed)
@@ -120,7 +130,9 @@ def parse_spec(spec: str, key: str = "data.mix") -> tuple:
   return name, split or None, count
 
 
-def _load_spec(spec: str, data_cfg, seed: int, key: str) -> list:
+def _load_spec(spec: str, data_cfg, seed: int, key: str, exclude: Optional[list] = None) -> list:
+  """The examples of one mix entry; `exclude`: examples whose questions are not drawn (case and
+  spacing ignored), left out before the count is drawn."""
   from rlrag_jax.data import loaders
   name, split, count = parse_spec(spec, key)
   path = None
@@ -140,11 +152,16 @@ def _load_spec(spec: str, data_cfg, seed: int, key: str) -> list:
       raise
     raise FileNotFoundError(f"config key 'data.dir' is {data_cfg.dir!r}, {key} entry "
                             f"{spec!r}: {e}") from None
+  if exclude:
+    taken = {_question_key(ex.question) for ex in exclude}
+    examples = [ex for ex in examples if _question_key(ex.question) not in taken]
   if not count:
     return examples
   if count > len(examples):
     msg = (f"config key '{key}' entry {spec!r}: asks for {count} examples but {name} split "
-           f"{split or '(default)'} has {len(examples)}")
+           f"{split or '(default)'} has {len(examples)}"
+           + (" left after the training, evaluation and earlier validation draws" if exclude
+              else ""))
     short_key = "eval_allow_short" if key == "data.eval_mix" else "allow_short"
     if not data_cfg.get(short_key, False):
       raise QuotaError(msg + "; lower the count, point data.dir at the full dataset, or set "

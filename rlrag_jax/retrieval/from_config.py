@@ -24,7 +24,8 @@ log = logging.getLogger("rlrag_jax.retrieval")
 
 def corpus_for(config, selection) -> list:
   """The corpus: `retrieval.corpus` (a name in loaders.CORPORA or a JSONL path), else the
-  selection's own corpus (the world), else the deduplicated contexts of every example."""
+  selection's own corpus (the world), else the deduplicated contexts of every example (train,
+  eval, then validation: a run without validation pools exactly what it did before)."""
   from rlrag_jax.data.schema import CorpusRecord
   name = config.retrieval.corpus
   if name:
@@ -33,7 +34,7 @@ def corpus_for(config, selection) -> list:
   if selection.corpus:
     return list(selection.corpus)
   seen, out = set(), []
-  for ex in list(selection.train) + list(selection.eval):
+  for ex in list(selection.train) + list(selection.eval) + list(selection.val):
     for c in ex.contexts:
       key = (c.title, c.text)
       if key not in seen:

@@ -6,6 +6,11 @@ steps computed at start-up from the data the run really has (`resolve_steps`, th
 that turns epochs into steps). Steps are counted globally (SFT 1..S, then RL S+1..S+R), every
 step's randomness is `fold_in(seed_key, step)`, and the iterators' positions are checkpointed,
 so a resumed run repeats exactly the steps an uninterrupted one takes.
+
+With a validation set (`data.val_mix`, the task's `validation`) and `eval.val_every` > 0, the
+RL stage evaluates it every that many RL steps, keeps the best state by `eval.val_metric` under
+`<workdir>/best` and stops after `eval.early_stop_patience` validations without a new best
+(training.early_stop); the trainer then evaluates, reports and exports the best state.
 """
 from __future__ import annotations
 
@@ -28,7 +33,7 @@ from rlrag_jax.models import sharding
 from rlrag_jax.rollout.batch import (logits_start, pack, pack_micro_batch, packed_lengths,
                                      plan_micro_batches)
 from rlrag_jax.tasks import monitors_of
-from rlrag_jax.training import collection, learners, report
+from rlrag_jax.training import collection, early_stop, learners, report
 
 log = logging.getLogger("rlrag_jax.trainer")
 
@@ -67,6 +72,9 @@ class Run:
   bar: Any = None
   compiles: Any = None
   lengths: dict = dataclasses.field(default_factory=dict)   # stage -> Length (epochs counted)
+  val_examples: list = dataclasses.field(default_factory=list)   # the task's validation
+  early: Optional[early_stop.EarlyStopping] = None   # set when eval.val_every > 0
+  best_ckpt: Any = None        # CheckpointManager of <workdir>/best, made on the first best
 
   @property
   def sft_total(self) -> int:
@@ -76,9 +84,40 @@ class Run:
   def rl_total(self) -> int:
     return int(self.config.rl.steps)
 
-  def evaluate(self, desc: str) -> dict:
+  def evaluate(self, desc: str, examples: Optional[list] = None) -> dict:
+    """The evaluation of the current params on `examples` (default: the evaluation set)."""
     return self.evaluate_fn(self.task, self.eval_policy.with_params(self.state.params),
-                            self.eval_examples, self.config, desc)
+                            self.eval_examples if examples is None else examples, self.config,
+                            desc)
+
+  def _best_manager(self):
+    if self.best_ckpt is None:
+      from rlrag_jax.checkpoint import CheckpointManager
+      self.best_ckpt = CheckpointManager(self.workdir / "best", max_to_keep=1)
+    return self.best_ckpt
+
+  def save_best(self, value: float) -> None:
+    """The current state as the best validation's (one kept, under <workdir>/best)."""
+    self._best_manager().save(self.step, {"train": self.state},
+                              config=self.config.to_json_best_effort(),
+                              meta={"stage": "rl", "validation": float(value)}, force=True)
+
+  def restore_best(self) -> bool:
+    """With validation on: the state of the best validation step, when it is not the current
+    one (True when it restored)."""
+    if self.early is None or self.early.best_step is None or self.early.best_step == self.step:
+      return False
+    target = {"train": self.steps.checkpoint_target()["train"]}
+    restored = self._best_manager().restore(target=target, step=int(self.early.best_step))
+    self.state = restored.state["train"]
+    log.info("the best validation (%s %.4f at step %d) is the final state, not step %d",
+             self.config.eval.val_metric, self.early.best, self.early.best_step, self.step)
+    return True
+
+  def close_checkpoints(self) -> None:
+    self.ckpt.close()
+    if self.best_ckpt is not None:
+      self.best_ckpt.close()
 
   def save(self, stage: str) -> None:
     tree = {"train": self.state}
@@ -94,7 +133,9 @@ class Run:
                        # rollouts), JSON, through optional state_dict / load_state_dict
                        "task": task.state_dict() if hasattr(task, "state_dict") else None},
         meta={"stage": stage, "before": self.before,
-              "steps": {"sft": self.sft_total, "rl": self.rl_total}}, force=True)
+              "steps": {"sft": self.sft_total, "rl": self.rl_total},
+              **({"early_stop": self.early.state_dict()} if self.early is not None else {})},
+        force=True)
 
   def resume(self) -> bool:
     """Restores the latest checkpoint that restores, if any: state, reference, critic, data
@@ -116,6 +157,8 @@ class Run:
       if it is not None and restored.data_position.get(name) is not None:
         it.load_state_dict(restored.data_position[name])
     self.before = restored.meta.get("before")
+    if self.early is not None and restored.meta.get("early_stop") is not None:
+      self.early.load_state_dict(restored.meta["early_stop"])
     if restored.data_position.get("task") is not None:
       self.task.load_state_dict(restored.data_position["task"])
     self.state = restored.state["train"]
@@ -216,7 +259,7 @@ class RLStage:
 
   def loop(self, run: Run, end: int) -> None:
     config = run.config
-    while run.step < end:
+    while run.step < end and not (run.early is not None and run.early.should_stop):
       run.step += 1
       key = jax.random.fold_in(run.base_key, run.step)
       t0 = time.time()
@@ -236,10 +279,31 @@ class RLStage:
       m.update(endpoints.metrics())
       m.update(run.compiles.take())
       done = run.step - run.sft_total
+      self._validate(run, done, m)       # before the step's save: the checkpoint holds it
       if config.eval.every and done % config.eval.every == 0 and run.step < end:
         self._mid_eval(run, done, m)
       else:
         run.finish_step("rl", m)
+    if run.early is not None and run.early.should_stop and run.step < end:
+      log.info("early stop after RL step %d: %d validations without a better %s than %.4f "
+               "(step %d; eval.early_stop_patience=%d)", run.step - run.sft_total,
+               run.early.since_best, config.eval.val_metric, run.early.best,
+               run.early.best_step, run.early.patience)
+
+  def _validate(self, run: Run, done: int, m: dict) -> None:
+    """Every eval.val_every RL steps: the validation set's eval.val_metric, a new best saved."""
+    every = int(run.config.eval.val_every)
+    if not every or done % every:
+      return
+    key = run.config.eval.val_metric
+    val = run.evaluate("validation", run.val_examples)
+    run.rlog.write(run.step, "validation", val["all"])
+    if key not in val["all"]:
+      raise ValueError(f"config key 'eval.val_metric' is {key!r}, which the validation "
+                       f"summary does not hold; it holds {sorted(val['all'])}")
+    m[f"validation/{key}"] = val["all"][key]
+    if run.early.update(run.step, val["all"][key]):
+      run.save_best(val["all"][key])
 
   def _mid_eval(self, run: Run, done: int, m: dict) -> None:
     report.log_step(run.rlog, run.step, "rl", m, run.config.log_every, run.bar)

@@ -8,7 +8,8 @@ from rlrag_jax.data import sources
 def _cfg(data_dir, mix, eval_mix, **kw):
   return ml_collections.ConfigDict(dict(
       source="files", dir=str(data_dir), mix=mix, eval_mix=eval_mix, max_train=0, max_eval=0,
-      skip_invalid=False, allow_short=False, check_overlap=True, max_contexts=0) | kw)
+      skip_invalid=False, allow_short=False, check_overlap=True, max_contexts=0,
+      val_mix=()) | kw)
 
 
 def test_parse_spec_and_its_errors():
@@ -81,3 +82,23 @@ def test_without_data_dir_a_missing_file_names_rlrag_data_dir(tmp_path, monkeypa
   with pytest.raises(FileNotFoundError, match=r"hotpotqa/train\.jsonl, which does not exist \("
                                               rf"data dir {tmp_path} from RLRAG_DATA_DIR="):
     sources.select(_cfg("", ("hotpotqa:train",), ()))
+
+
+def test_validation_draws_from_what_train_and_eval_leave(shared_data_dir):
+  """data.val_mix: seeded draws disjoint from training, evaluation and each other; a count above
+  what is left is a QuotaError naming the key, or the rest with allow_short."""
+  key = sources._question_key                          # pylint: disable=protected-access
+  cfg = _cfg(shared_data_dir, ("musique:train:60",), ("musique:dev:5",),
+             val_mix=("musique:train:30", "musique:dev:10"))
+  sel = sources.select(cfg, seed=0)
+  assert [ex.source for ex in sel.val] == ["musique"] * 40
+  qs = [{key(ex.question) for ex in part} for part in (sel.train, sel.eval, sel.val)]
+  assert not qs[0] & qs[2] and not qs[1] & qs[2] and len(qs[2]) == 40
+  assert [ex.id for ex in sources.select(cfg, seed=0).val] == [ex.id for ex in sel.val]
+  assert {ex.id for ex in sources.select(cfg, seed=1).val} != {ex.id for ex in sel.val}
+  cfg.val_mix = ("musique:train:50",)
+  with pytest.raises(sources.QuotaError, match=r"'data.val_mix' entry 'musique:train:50': asks "
+                     r"for 50 examples but musique split train has 40 left after"):
+    sources.select(cfg, seed=0)
+  cfg.allow_short = True
+  assert len(sources.select(cfg, seed=0).val) == 40

@@ -122,6 +122,7 @@ def test_paper_preset_runs_on_real_data(tmp_path, shared_data_dir):
   c.workdir, c.model.path, c.data.dir = str(tmp_path / "run"), str(policy), ""
   c.models.generator.path = str(reader)
   c.data.mix = ("hotpotqa:train", "musique:train")      # the samples hold no 2Wiki train split
+  c.data.val_mix = ("hotpotqa:dev:2",)    # what train and eval leave (train took both splits)
   c.data.eval_mix = ("hotpotqa:dev:3",)   # per-dataset counts: a cut of several is refused
   c.data.max_train, c.data.max_eval = 6, 0
   c.retrieval.backend = "exact"
@@ -131,9 +132,11 @@ def test_paper_preset_runs_on_real_data(tmp_path, shared_data_dir):
   c.r2ag.eval.update(dict(answer_tokens=4, max_iterations=2))
   c.eval.update(dict(num_examples=3, max_new_tokens=8, batch_size=3))
   c.checkpoint.every = 1
+  c.eval.val_every = 1                    # validations at both RL steps
   c.model.attention_block = 64
   res = trainer.run(c, progress=False)
   assert res.after["all"]["n"] == 3 and "map" in res.after["all"]
+  assert (tmp_path / "run" / "best").is_dir()
   t = r2ag_task.make_task(c)
   assert all(t.gold(ex) for ex in t.train + t.eval)     # gold paragraphs found in the corpus
   assert {ex.source for ex in t.train} == {"hotpotqa", "musique"}

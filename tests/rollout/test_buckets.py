@@ -29,7 +29,7 @@ def test_real_data_prompt_spread_compiles_a_bounded_set_of_update_shapes(shared_
   cfg = ml_collections.ConfigDict(dict(
       source="files", dir=str(shared_data_dir), mix=("hotpotqa:train", "musique:train"),
       eval_mix=("hotpotqa:dev", "2wiki:dev", "musique:dev"), max_train=0, max_eval=0,
-      skip_invalid=False, allow_short=True, check_overlap=True, max_contexts=0))
+      skip_invalid=False, allow_short=True, check_overlap=True, max_contexts=0, val_mix=()))
   sel = sources.select(cfg, seed=0)
   tok = byte_level_tokenizer()
   lengths = [len(tok(prompts.prompt_for(ex, None, prompts.INSTRUCTION),

@@ -3,6 +3,17 @@ each set the constant its consumer raises with."""
 from rlrag_jax import config_check as cc
 from rlrag_jax.methods.r2ag import forest, rewards, task
 
+class TByDataset:
+  """A 'dataset:t' entry, t a whole number (task.parse_t_by_dataset)."""
+
+  def __call__(self, v):
+    try:
+      task.parse_t_by_dataset([v])
+    except ValueError:
+      return "must look like 'dataset:t' with t a whole number, e.g. 'hotpotqa:1'"
+    return None
+
+
 RULES = {
     "r2ag.role": cc.OneOf(task.ROLES),
     "r2ag.train_top_k": cc.COUNT,
@@ -26,6 +37,7 @@ RULES = {
     "r2ag.eval.other_top_k": cc.Each(cc.COUNT),
     "r2ag.eval.t_base": cc.NON_NEGATIVE,             # base queries that open a branch
     "r2ag.eval.t_pred": cc.NON_NEGATIVE,
+    "r2ag.eval.t_base_by_dataset": cc.Each(TByDataset()),   # 'dataset:t' (task.parse_t_...)
     "r2ag.eval.max_iterations": cc.COUNT,
     "r2ag.eval.max_branches": cc.COUNT,
     "r2ag.eval.temperature": cc.NON_NEGATIVE,        # 0: greedy

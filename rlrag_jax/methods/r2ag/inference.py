@@ -2,7 +2,8 @@
 
 Round by round, every open branch (the question plus the documents retrieved on it) gets one
 output of the steering model. A branch whose output stops (or has no well-formed query) ends.
-Otherwise its first `t_base` base queries each open a child branch; each query retrieves its
+Otherwise its first `t_base` base queries (per question when given: the paper's t = M/2 of the
+question's dataset) each open a child branch; each query retrieves its
 top-`top_k` documents, and the first `t_pred` predicted queries (when `use_predicted`) retrieve
 theirs too, which join every child of that branch (the paper's composite node: a predicted
 future hop rides along with the base hop it follows). A child that adds no new document to its
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Callable, Sequence
+from typing import Callable, Optional, Sequence
 
 from rlrag_jax.methods.r2ag import parsing
 
@@ -44,8 +45,10 @@ class TreeResult:
 
 
 def expand(questions: Sequence[str], steer: Callable, search: Callable,
-           cfg: TreeConfig) -> list:
+           cfg: TreeConfig, t_bases: Optional[Sequence[int]] = None) -> list:
+  """`t_bases`: each question's own t_base (the paper's t = M/2 per dataset), else cfg's."""
   results = [TreeResult() for _ in questions]
+  t_of = list(t_bases) if t_bases is not None else [cfg.t_base] * len(questions)
   active = [(qi, ()) for qi in range(len(questions))]
   for rnd in range(cfg.max_iterations):
     if not active:
@@ -62,7 +65,7 @@ def expand(questions: Sequence[str], steer: Callable, search: Callable,
       step = parsing.parse(text)
       if step.stop:
         res.stopped = True
-      base = [] if step.stop else list(step.base[:cfg.t_base])
+      base = [] if step.stop else list(step.base[:t_of[qi]])
       pred = [] if step.stop or not cfg.use_predicted else list(step.predicted[:cfg.t_pred])
       plans.append((len(queries), len(base), len(pred)))
       queries += base + pred

@@ -54,6 +54,9 @@ def _with_gold(sel_examples) -> list:
 
 class SteeringTask:
   name = "r2ag"
+  # Appendix G.2's LLM accuracy: with eval.judge_url set, evaluations gain a 'judge' column
+  # (the main tree's generator answer judged against the gold answers); off by default.
+  judge_prompt = prompts.judge_prompt()
 
   def __init__(self, config, encoder=None):
     self.config = config
@@ -63,9 +66,12 @@ class SteeringTask:
     self.train_top_k = int(r.train_top_k)
     self.reward_cfg = rewards.RewardConfig.from_config(r.reward)
     self.tree_cfg = dict(r.eval)
+    self.t_base_by_dataset = parse_t_by_dataset(r.eval.t_base_by_dataset)
     sel = sources.select(config.data, seed=config.seed)
     self.train, self.eval = _with_gold(sel.train), _with_gold(sel.eval)
-    left = len(sel.train) + len(sel.eval) - len(self.train) - len(self.eval)
+    self.validation = _with_gold(sel.val)        # data.val_mix: the validation forests' questions
+    left = (len(sel.train) + len(sel.eval) + len(sel.val) - len(self.train) - len(self.eval)
+            - len(self.validation))
     if left:
       log.warning("r2ag: %d examples have no gold documents and are left out", left)
     if not self.train:
@@ -129,7 +135,7 @@ class SteeringTask:
     return self.target_ids(self.sft_target(ex))
 
   def tokenizer_texts(self):
-    yield prompts.INSTRUCTION
+    yield prompts.TOKENIZER_TEXT       # not the prompt: see its comment
     yield prompts.prompt_text("", [], self.style)
     yield prompts.GENERATOR_INSTRUCTION
     for r in self.corpus.records:
@@ -283,7 +289,9 @@ class SteeringTask:
     questions = [ex.question for ex in examples]
     runs = {}
     for prefix, cfg in self.variants().items():
-      runs[prefix] = inference.expand(questions, steer, self.corpus.search, cfg)
+      t_bases = [self.t_base_by_dataset.get(getattr(ex, "source", "") or "", cfg.t_base)
+                 for ex in examples]
+      runs[prefix] = inference.expand(questions, steer, self.corpus.search, cfg, t_bases)
     sr_k = int(e.get("sr_k", 0) or 0)
     if sr_k:
       t0 = time.perf_counter()
@@ -353,6 +361,18 @@ class SteeringTask:
   def report(self, workdir, rlog) -> None:
     from rlrag_jax.methods.r2ag import report
     report.write(self, pathlib.Path(workdir))
+
+
+def parse_t_by_dataset(entries) -> dict:
+  """`r2ag.eval.t_base_by_dataset` entries 'dataset:t' -> {dataset: t}; errors name the key."""
+  out = {}
+  for e in entries:
+    name, _, t = str(e).partition(":")
+    if not name or not t.strip().isdigit():
+      raise ValueError(f"config key 'r2ag.eval.t_base_by_dataset' entry {e!r}: expected "
+                       "'dataset:t' with t a whole number, e.g. 'hotpotqa:1'")
+    out[name.strip()] = int(t)
+  return out
 
 
 def retrieval_metrics(docs: Sequence[str], gold: Sequence[str]) -> dict:
