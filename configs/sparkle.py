@@ -238,6 +238,9 @@ def get_config(arg: str = ""):
     c.rl.lr = 5e-7
     c.rl.ppo.vf_lr = 5e-6
     c.rl.ppo.whiten_by = "role"         # the authors' code normalises per action type
+    # Table 6's batch 1,024: decisions per optimizer update (a step's rollout of 64 question
+    # trees yields a few thousand), so PPO's clip acts from a step's second update on.
+    c.rl.ppo.mini_batch_size = 1024
     c.rl.max_new_tokens = 160
     c.rl.micro_batches = 1
     c.eval.max_new_tokens = 160

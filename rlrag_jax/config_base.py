@@ -48,7 +48,10 @@ trainer (`rlrag_jax.trainer`) reads these sections for every method:
             Monte-Carlo returns are the values), gamma, lam (GAE), vf_lr, vf_clip (0 =
             unclipped value loss),
             whiten (advantages), whiten_by (an Episode.info key, e.g. SPARKLE's 'role': whiten
-            separately within each of its values), mini_batches (per epoch; rl.mu epochs)).
+            separately within each of its values), mini_batches (per epoch; rl.mu epochs),
+            mini_batch_size (> 0: episodes per mini-batch instead, max(1, round(n / size))
+            mini-batches of the step's n episodes, sizes within one of each other; the RL lr
+            schedules then count RL steps, every update of a step at that step's lr)).
   eval      every (RL steps; 0 = before and after RL only), num_examples, max_new_tokens,
             batch_size, optional OpenAI-compatible judge (judge_url, judge_model;
             judge_concurrency requests in flight at once; judge_max_failure_rate /
@@ -139,7 +142,11 @@ def trainer_config(method: str, workdir: str) -> ml_collections.ConfigDict:
       ppo=ml_collections.ConfigDict(dict(
           critic="separate", gamma=1.0, lam=0.95, vf_lr=1e-4, vf_clip=0.2, whiten=True,
           whiten_by="",   # an Episode.info key: whiten separately per value (e.g. 'role')
-          mini_batches=1))))
+          mini_batches=1,
+          # > 0: episodes per update instead: each epoch splits the step's (shuffled) episodes
+          # into max(1, round(n / mini_batch_size)) mini-batches, and the lr schedules count
+          # RL steps (learners.schedule_by_rl_step); 0: rl.ppo.mini_batches counts them
+          mini_batch_size=0))))
 
   c.eval = ml_collections.ConfigDict(dict(
       every=0, num_examples=200, max_new_tokens=128, batch_size=64, judge_url="", judge_model="",

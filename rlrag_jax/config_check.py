@@ -261,6 +261,7 @@ def shared_rules() -> dict:
       "rl.ppo.vf_lr": POSITIVE,
       "rl.ppo.vf_clip": NON_NEGATIVE,                          # 0: unclipped value loss
       "rl.ppo.mini_batches": COUNT,
+      "rl.ppo.mini_batch_size": COUNT_OR_OFF,                  # 0: mini_batches counts them
       # eval, checkpoints, logging
       "eval.every": COUNT_OR_OFF,
       "eval.num_examples": NON_NEGATIVE,

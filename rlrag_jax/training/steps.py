@@ -76,8 +76,9 @@ class Steps:
         weight_decay=config.sft.weight_decay, max_grad_norm=1.0))
     self.rl_opt = ts.make_optimizer(ts.OptimizerConfig(
         lr=rl.lr, schedule=rl.lr_schedule, warmup_ratio=rl.warmup_ratio,
-        total_steps=max(rl_total * learners.updates_per_step(rl), 2),
-        weight_decay=rl.weight_decay, max_grad_norm=rl.max_grad_norm))
+        total_steps=learners.schedule_length(rl, rl_total),
+        weight_decay=rl.weight_decay, max_grad_norm=rl.max_grad_norm),
+        by_rl_step=learners.schedule_by_rl_step(rl))
     self.loss_cfg = policy_loss_config(rl)
     # With a token budget the host packs the micro-batches (`accumulated`): no equal splits.
     self.sft_step = ts.make_sft_step(self.module, self.sft_opt, mesh,
