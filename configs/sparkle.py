@@ -241,6 +241,9 @@ def get_config(arg: str = ""):
     # Table 6's batch 1,024: decisions per optimizer update (a step's rollout of 64 question
     # trees yields a few thousand), so PPO's clip acts from a step's second update on.
     c.rl.ppo.mini_batch_size = 1024
+    # KL 0.002 in the reward, as the authors' OpenRLHF-based code adds it (k1's expected
+    # gradient as a loss term is zero: it only moved the loss value).
+    c.rl.kl_form = "reward"
     c.rl.max_new_tokens = 160
     c.rl.micro_batches = 1
     c.eval.max_new_tokens = 160

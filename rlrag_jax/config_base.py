@@ -29,7 +29,9 @@ trainer (`rlrag_jax.trainer`) reads these sections for every method:
             'ppo': a critic, see rl.ppo and rlrag_jax.training.learners), steps, prompts_per_step, group_size, sampling (temperature, top_k, top_p,
             max_new_tokens), optimiser (lr, lr_schedule cosine | linear | constant after the
             warmup, warmup_ratio, weight_decay, max_grad_norm), KL
-            (kl_beta, kl_estimator k1 | k2 | k3), PPO clip (clip_eps_low / _high, dual_clip),
+            (kl_beta, kl_estimator k1 | k2 | k3, kl_form loss | reward: a term of the policy
+            loss, or, PPO only, -kl_beta x the estimate on each policy token's reward before
+            GAE with the loss term off), PPO clip (clip_eps_low / _high, dual_clip),
             entropy_coef (an entropy bonus: minus it times the aggregated entropy in the loss),
             aggregation (sequence_mean | token_mean | constant), advantages (scale_std,
             adv_eps), mu (updates per batch), micro_batches (equal splits accumulated in the
@@ -128,7 +130,9 @@ def trainer_config(method: str, workdir: str) -> ml_collections.ConfigDict:
   c.rl = ml_collections.ConfigDict(dict(
       algo="grpo", steps=0, prompts_per_step=8, group_size=8, temperature=1.0, top_k=0,
       top_p=1.0, max_new_tokens=128, lr=1e-4, lr_schedule="cosine", warmup_ratio=0.0,
-      weight_decay=0.0, max_grad_norm=1.0, kl_beta=0.04, kl_estimator="k3", clip_eps_low=0.2, clip_eps_high=0.2,
+      weight_decay=0.0, max_grad_norm=1.0, kl_beta=0.04, kl_estimator="k3",
+      kl_form="loss",     # 'reward' (PPO): -kl_beta * KL on each policy token's reward instead
+      clip_eps_low=0.2, clip_eps_high=0.2,
       dual_clip=0.0, entropy_coef=0.0, aggregation="sequence_mean", scale_std=True, adv_eps=1e-4, mu=1,
       micro_batches=1, tokens_per_micro_batch=0, dynamic_sampling=False,
       dynamic_sampling_key="total",

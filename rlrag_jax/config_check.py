@@ -243,6 +243,7 @@ def shared_rules() -> dict:
       "rl.max_grad_norm": POSITIVE,
       "rl.kl_beta": NON_NEGATIVE,
       "rl.kl_estimator": OneOf(tuple(KL_ESTIMATORS)),
+      "rl.kl_form": OneOf(learners.KL_FORMS),
       "rl.clip_eps_low": NON_NEGATIVE,
       "rl.clip_eps_high": NON_NEGATIVE,
       "rl.dual_clip": Range(lo=1, lo_open=True, also=(0,)),    # losses: c > 1; 0: off

@@ -49,6 +49,10 @@ from rlrag_jax.rollout.batch import (logits_start, pack, pack_micro_batch, plan_
 OUTCOME_ALGOS = tuple(adv_lib.ADVANTAGE_ESTIMATORS)
 ALGOS = OUTCOME_ALGOS + ("ppo",)
 CRITICS = ("separate", "head", "tree_mc")
+# rl.kl_form: where rl.kl_beta's KL(policy || ref) acts: 'loss' (a term of the policy loss,
+# GRPO's form) or 'reward' (PPO only: -kl_beta * KL on every policy token's reward before GAE,
+# the OpenRLHF / InstructGPT form; the loss term is then off).
+KL_FORMS = ("loss", "reward")
 
 
 def check_algo(rl) -> str:
@@ -62,6 +66,16 @@ def mini_batch_size(rl) -> int:
   """rl.ppo.mini_batch_size for PPO (episodes per update; 0: rl.ppo.mini_batches counts them),
   else 0."""
   return int(rl.ppo.mini_batch_size) if check_algo(rl) == "ppo" else 0
+
+
+def kl_form(rl) -> str:
+  form = str(rl.kl_form)
+  if form not in KL_FORMS:
+    raise ValueError(f"config key 'rl.kl_form' is {form!r}; expected one of {KL_FORMS}")
+  if form == "reward" and check_algo(rl) != "ppo":
+    raise ValueError(f"config key 'rl.kl_form' is 'reward', which needs per-token rewards "
+                     f"(rl.algo 'ppo'); rl.algo is {rl.algo!r}: use 'loss'")
+  return form
 
 
 def _mini_batches(rl, episodes: int | None = None) -> int:
@@ -163,6 +177,7 @@ class OutcomeLearner:
   def __init__(self, config, steps, mesh, pad_id: int):
     self.rl, self.steps, self.mesh, self.pad = config.rl, steps, mesh, pad_id
     algo = self.algo = check_algo(config.rl)
+    kl_form(config.rl)          # 'reward' is PPO's: refused here
     if algo == "grpo":
       self.estimate = lambda r, g: adv_lib.group_advantages(
           r, g, scale_std=self.rl.scale_std, eps=self.rl.adv_eps)
@@ -324,15 +339,24 @@ class PPOLearner:
     n = totals.shape[0]
     mini = _mini_batches(rl, n)
     on_policy = int(rl.mu) == 1 and mini == 1
+    kl_reward = self.steps.with_ref and kl_form(rl) == "reward"
     # One update on the whole batch samples and updates the same policy (ratio 1): the
-    # step's own stop-gradient log-probs are the old ones, so no separate forward.
-    if not on_policy:
+    # step's own stop-gradient log-probs are the old ones, so no separate forward (unless
+    # the KL reward needs the sampling policy's log-probs).
+    if not on_policy or kl_reward:
       host["old_logp"] = np.asarray(forward(self.steps.logp, state.params))
     if self.steps.with_ref:
       host["ref_logp"] = np.asarray(forward(self.steps.logp, ref_params))
     mask = (host["loss_mask"] > 0).astype(np.float32)
     mask[:, 0] = 0.0
     rewards = _token_rewards(episodes, totals, host, mask)
+    kl_metrics = {}
+    if kl_reward:       # -beta * KL(sampling policy || ref) on every policy token's reward
+      penalty = losses.kl_reward_penalty(jnp.asarray(host["old_logp"]),
+                                         jnp.asarray(host["ref_logp"]), jnp.asarray(mask),
+                                         float(rl.kl_beta), str(rl.kl_estimator))
+      rewards = rewards + penalty
+      kl_metrics["kl/reward_penalty"] = _masked_mean(penalty, mask)
     if self.tree_mc:
       # Every token of a decision takes the state value of the decision's parent node; GAE
       # at lambda 1 then gives each token its return-to-go minus that value.
@@ -347,6 +371,7 @@ class PPOLearner:
                                float(ppo.lam))
       metrics = {"vf/explained_variance": explained_variance(values, returns, mask),
                  "vf/return_mean": _masked_mean(returns, mask)}
+    metrics.update(kl_metrics)
     if ppo.whiten:
       adv = self._whiten(adv, mask, episodes)
     host["advantages"] = np.asarray(adv, np.float32)

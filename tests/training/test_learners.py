@@ -411,3 +411,52 @@ def test_rl_step_schedule_gives_every_update_of_a_step_that_steps_lr():
   u2, st = plain.update(grads, ts.advance_rl_step(st), params)
   np.testing.assert_allclose([float(u1["w"][0]), float(u2["w"][0])],
                              [-1.0, -(1 + np.cos(np.pi / 4)) / 2], rtol=1e-4)
+
+
+def test_kl_form_reward_puts_minus_beta_kl_on_each_token_reward_and_drops_the_loss_term():
+  """rl.kl_form='reward': a policy token's reward gains -beta * (logp - ref_logp) (k1), so with
+  tree values, gamma 1 and no whitening its advantage is R - b plus the penalties from it to
+  the end, summed here by hand; the loss's KL coefficient is 0 (no KL term)."""
+  mesh = sharding.make_mesh(data=1, fsdp=1, tensor=1)
+  c = _config("ppo", critic="tree_mc", gamma=1.0, whiten=False)
+  c.rl.kl_beta, c.rl.kl_estimator, c.rl.kl_form = 0.5, "k1", "reward"
+  steps = trainer.Steps(c, CFG, mesh, 0, 2)
+  assert steps.with_ref and steps.loss_cfg.beta == 0.0
+  learner = learners.make_learner(c, steps, mesh, CFG, pad_id=0)
+  params = init_params(steps.module, jax.random.PRNGKey(0))
+  ref = init_params(steps.module, jax.random.PRNGKey(7))
+  eps = _episodes()
+  totals, bases = (1.0, 0.0, 2.0, -1.0), (0.5, 0.5, 2.0, -1.0)
+  for e, b in zip(eps, bases):
+    e.info = {"baseline": b}
+  host = pack([e.prompt_ids for e in eps], [e.completion_ids for e in eps],
+              [e.loss_mask for e in eps], pad_id=0, bucket=8)
+  dev = sharding.shard_batch(host, mesh)
+  logp = np.asarray(steps.logp(params, dev, 0))
+  ref_logp = np.asarray(steps.logp(ref, dev, 0))
+  mask = host["loss_mask"].astype(float)
+  mask[:, 0] = 0
+  want = np.zeros_like(mask)
+  for i, (r, b) in enumerate(zip(totals, bases)):
+    idx = [t for t in range(mask.shape[1]) if mask[i, t]]
+    for j, t in enumerate(idx):
+      want[i, t] = r - b + sum(-0.5 * (logp[i, k] - ref_logp[i, k]) for k in idx[j:])
+  seen = {}
+  steps.rl_step = lambda st, batch, start: (seen.update(
+      {k: np.asarray(v) for k, v in batch.items()}) or st, {"loss": 0.0})
+  state = steps.new_state(params, "rl")
+  _, _, m = learner.update(state, None, eps, [{"total": t} for t in totals], ref,
+                           jax.random.PRNGKey(2))
+  np.testing.assert_allclose(seen["advantages"] * mask, want, rtol=1e-4, atol=1e-6)
+  pen = -0.5 * ((logp - ref_logp) * mask).sum() / mask.sum()
+  assert abs(pen) > 1e-4 and m["kl/reward_penalty"] == pytest.approx(pen, rel=1e-4)
+  # The step still gets ref_logp (its 'kl' metric), with the loss's KL coefficient 0.
+  assert "ref_logp" in seen and steps.loss_cfg.beta == 0.0
+  # 'loss' (the CPU defaults' form): the step's loss carries beta * KL, the rewards do not.
+  c.rl.kl_form = "loss"
+  assert trainer.Steps(c, CFG, mesh, 0, 2).loss_cfg.beta == 0.5
+  c.rl.algo, c.rl.kl_form = "grpo", "reward"
+  with pytest.raises(ValueError, match="'rl.kl_form' is 'reward', which needs"):
+    learners.make_learner(c, steps, mesh, CFG, pad_id=0)
+  assert sparkle.get_config("paper").rl.kl_form == "reward"
+  assert sparkle.get_config("").rl.kl_form == "loss"
