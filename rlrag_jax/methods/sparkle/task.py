@@ -178,7 +178,7 @@ class ProxyTask:
       self.reader = readers.EndpointReader(
           r.url, r.model, style=self.style, max_tokens=int(r.get("max_tokens", 256)),
           reasoning=self.agent_cfg.reasoning_reader, passage_words=self.agent_cfg.passage_words,
-          concurrency=r.concurrency, max_failure_rate=r.max_failure_rate,
+          search=self.agent_cfg.rd_mode == "reader", concurrency=r.concurrency, max_failure_rate=r.max_failure_rate,
           failure_window=r.failure_window, key_prefix="sparkle.reader.")
 
   def bind_models(self, models) -> None:
@@ -189,7 +189,9 @@ class ProxyTask:
       self.reader = readers.LMReader(
           models["reader"], style=self.style, max_new_tokens=self.max_new["reader"],
           chunk=int(self.config.eval.batch_size), passage_words=self.agent_cfg.passage_words,
-          reasoning=self.agent_cfg.reasoning_reader)
+          reasoning=self.agent_cfg.reasoning_reader, search=self.agent_cfg.rd_mode == "reader",
+          chat_template=bool(self.config.model.chat_template),
+          thinking=bool(self.config.model.thinking))
 
   # ---------------------------------------------------------------- ids
   def gold(self, ex) -> tuple:
