@@ -160,6 +160,10 @@ def base_config() -> ml_collections.ConfigDict:
       # training questions: label-derived) or 'none' (task.knowledge_graph).
       kg_default="sentences",
       sft_trajectories="",                # trajectories.py's JSONL: SFT on a stronger proxy's
+      # A seeded share of the training questions held out for validation (the paper: 1,500 of
+      # 9,000); eval_on 'valid' points the trainer's evaluations at them instead of
+      # data.eval_mix (hyperparameter selection), 'eval' keeps the evaluation sets.
+      valid_fraction=0.0, eval_on="eval",
       eval=ml_collections.ConfigDict(dict(naive_k=5, baselines=True, recall_steps=4)),
       reader_sft=ml_collections.ConfigDict(dict(retrieve_prob=0.75, distractor_prob=0.3))))
   c.models.reader = ml_collections.ConfigDict(dict(
@@ -223,6 +227,7 @@ def get_config(arg: str = ""):
     c.models.reader = ml_collections.ConfigDict(dict(path=""))
     c.data.prompt_style = "paper"
     c.data.mix = ("hotpotqa:train:3000", "2wiki:train:3000")
+    c.sparkle.valid_fraction = 1 / 6    # 7,500 / 1,500 of 9,000 (appendix D.3)
     # Up to 1,000 random questions of each evaluation set (section 4, appendix D.1).
     c.data.eval_mix = tuple(f"{d}:1000" for d in SPARKLE_EVAL)
     c.data.eval_allow_short = True      # "up to": smaller sets (Bamboogle) are taken whole
