@@ -20,7 +20,8 @@ reader is trained once by configs/sparkle_reader.py (`models.reader.train_config
 `sparkle_report.txt` holds F1, EM, recall and cumulative Recall@5 per step for the reader
 alone, naive RAG, SPARKLE after SFT and after PPO.
 The paper's agent ablations (Table 4) are keys of `sparkle.agent`: rd_mode 'reader' (w/o RD:
-the reader's thought asks for a search), qf_mode 'direct' (no reasoning chain) or 'rd' (w/o QF:
+the reader's thought asks for a search: a need thought, or the <search> token its 'paper'
+instruction offers), qf_mode 'direct' (no reasoning chain) or 'rd' (w/o QF:
 RD writes the query), ki_mode 'document' (KI selects a document) or 'all' (w/o KI: the top
 `all_docs` documents join, 0: top_docs).
 
@@ -50,10 +51,15 @@ Presets (`get_config(arg)`):
                lr: a 4x wider model's function moves further per Adam step) and muP's
                1/width; ours, to be tuned on a GPU.
   'paper'  Tables 5-6 and the authors' training script: Qwen2.5-3B proxy, a 7B reader, SFT lr
-           5e-6, batch 64, 1 epoch; PPO policy lr 5e-7, value lr 5e-6, KL 0.002, batch 1024
-           decisions, 64 questions per rollout, cosine schedule, max length 2048, tree depth 4;
-           3,000 each of HotpotQA, 2Wiki and NQ train (NQ is not among the shared samples: the
-           preset mixes HotpotQA and 2Wiki); evaluation on up to 1,000 random questions of each
+           5e-6, batch 64, sft.epochs 1 (one pass over the SFT rows, one agent call each, the
+           steps computed at start-up from the rows loaded); PPO policy lr 5e-7, value lr 5e-6, KL 0.002 in
+           the reward (rl.kl_form), batch 1,024 decisions per optimizer update
+           (rl.ppo.mini_batch_size: max(1, round(n / 1,024)) updates for a step's n decisions),
+           64 questions per rollout, rl.epochs 1 (one pass over the training questions loaded:
+           117 steps at the paper's 7,500), cosine schedule over the RL steps, max length 2048, tree
+           depth 4; 3,000 each of HotpotQA, 2Wiki and NQ train (NQ is not among the shared
+           samples: the preset mixes HotpotQA and 2Wiki), 1/6 of them held out for validation
+           (sparkle.valid_fraction; the paper's 1,500 of 9,000); evaluation on up to 1,000 random questions of each
            of HotpotQA, 2Wiki, MuSiQue (dev), NQ, TriviaQA and Bamboogle (test), drawn per
            dataset with `seed` (data.eval_mix counts, data.eval_allow_short).
 
@@ -97,8 +103,10 @@ Differences from the paper, with the reason:
     defaults), not in the paper: clip 0.2, value clip 0.2, GAE λ 0.95, γ 1, the k1 KL estimator,
     temperature 1.0, 160 generated tokens per call. Their code adds the KL to the per-token
     reward with a coefficient scaled by each action's length and normalises advantages per
-    action type; here the KL is the trainer's loss term (rl.kl_beta, rl.kl_estimator). The
-    ':paper' preset whitens the advantages per action type as their code does
+    action type; ':paper' adds -0.002 x k1 to every policy token's reward (rl.kl_form='reward')
+    without the per-action length scaling (the paper gives neither; its Table 6 gives the
+    coefficient only); the CPU default keeps the KL as a loss term (rl.kl_form='loss',
+    unchanged, whose k1 gradient is zero in expectation). The ':paper' preset whitens the advantages per action type as their code does
     (rl.ppo.whiten_by='role'); the CPU default whitens over the whole batch (per role, seed 0:
     F1 0.188 -> 0.162 after PPO, against 0.168 with one whitening; not adopted).
   - The knowledge graph: the paper extracts triples from every document offline with
@@ -113,6 +121,33 @@ Differences from the paper, with the reason:
   - The reward: α·Recall + (1 − α)·F1 with α = 0.3 as the paper writes it
     (sparkle.reward.weighting='paper'); the released code weights them the other way round
     ('code').
+  - The update schedule (':paper'): Table 6's batch 1,024 read as decisions (PPO samples) per
+    optimizer update; a step's tree rollout of 64 questions yields a varying number n of
+    decisions, split into max(1, round(n / 1,024)) shuffled mini-batches of near-equal size
+    (rl.mu 1 epoch: the paper does not give PPO epochs). Because the update count varies, the
+    cosine schedule is indexed by RL steps (every update of a step at that step's lr), not by
+    updates as OpenRLHF's scheduler is; its warm-up and minimum lr are not given (0 here).
+  - Epochs ('paper'): Table 5's 1 SFT epoch and the one pass of RL are counted over the data
+    the run really loads (sft.epochs, rl.epochs; the steps are logged at start-up): an SFT row
+    is one agent call (several per trajectory), so one epoch is more than the 118 steps that
+    7,500 trajectories at batch 64 would suggest. The paper does not say whether its RL makes
+    one pass; one pass is ours. The shared samples give far fewer training questions (HotpotQA
+    train 110, no 2Wiki or NQ train); the preset's two datasets give at most 5,000 after
+    validation.
+  - Validation ('paper'): 1/6 of the training questions (seeded, disjoint) are held out as the
+    paper's 1,500 of 9,000; with two datasets of up to 3,000 that is up to 1,000. The paper
+    selects every hyperparameter on them; here they are only available:
+    sparkle.eval_on='valid' evaluates on them instead of the test sets, and the preset's values
+    are the paper's, not re-selected.
+  - Prompts ('paper'): Figures 4-8's instructions. Figure 4's "...requires external
+    retrieval..." is elided in the paper; ours ends the sentence. Figure 5 gives no label for
+    the query (its output formats cover Steps 1-2 only): the parser takes the line after the
+    need's, and the SFT targets write "Reasoning Chain:" / "Retrieval Query:" labels as the
+    paper's case studies (Tables 8-11) show them. Figure 8 gives no output format: the
+    selection is read as a written triple or a candidate number. The w/o-RD ablation's reader
+    instruction for the <search> token is ours (appendix D.2 names the token only). The
+    in-process reader reads its tokenizer's chat template (model.chat_template, thinking
+    model.thinking); the endpoint reader sends one user message with the thoughts so far.
   - A malformed output: a decision reads as "No" (sparkle.agent.rd_default), a formulation
     without a query searches the latest thought, a selection naming no candidate takes the
     best-scored one (sparkle.agent.ki_fallback 'top'; 'none' selects nothing). The paper does
@@ -160,6 +195,10 @@ def base_config() -> ml_collections.ConfigDict:
       # training questions: label-derived) or 'none' (task.knowledge_graph).
       kg_default="sentences",
       sft_trajectories="",                # trajectories.py's JSONL: SFT on a stronger proxy's
+      # A seeded share of the training questions held out for validation (the paper: 1,500 of
+      # 9,000); eval_on 'valid' points the trainer's evaluations at them instead of
+      # data.eval_mix (hyperparameter selection), 'eval' keeps the evaluation sets.
+      valid_fraction=0.0, eval_on="eval",
       eval=ml_collections.ConfigDict(dict(naive_k=5, baselines=True, recall_steps=4)),
       reader_sft=ml_collections.ConfigDict(dict(retrieve_prob=0.75, distractor_prob=0.3))))
   c.models.reader = ml_collections.ConfigDict(dict(
@@ -223,6 +262,7 @@ def get_config(arg: str = ""):
     c.models.reader = ml_collections.ConfigDict(dict(path=""))
     c.data.prompt_style = "paper"
     c.data.mix = ("hotpotqa:train:3000", "2wiki:train:3000")
+    c.sparkle.valid_fraction = 1 / 6    # 7,500 / 1,500 of 9,000 (appendix D.3)
     # Up to 1,000 random questions of each evaluation set (section 4, appendix D.1).
     c.data.eval_mix = tuple(f"{d}:1000" for d in SPARKLE_EVAL)
     c.data.eval_allow_short = True      # "up to": smaller sets (Bamboogle) are taken whole
@@ -234,11 +274,17 @@ def get_config(arg: str = ""):
     c.sft.batch_size = 64
     c.sft.lr = 5e-6
     c.sft.max_len = 2048
-    c.rl.steps = 117                    # one pass over 7,500 questions, 64 per rollout
+    c.rl.epochs = 1.0                   # one pass over the training questions loaded
     c.rl.prompts_per_step = 64
     c.rl.lr = 5e-7
     c.rl.ppo.vf_lr = 5e-6
     c.rl.ppo.whiten_by = "role"         # the authors' code normalises per action type
+    # Table 6's batch 1,024: decisions per optimizer update (a step's rollout of 64 question
+    # trees yields a few thousand), so PPO's clip acts from a step's second update on.
+    c.rl.ppo.mini_batch_size = 1024
+    # KL 0.002 in the reward, as the authors' OpenRLHF-based code adds it (k1's expected
+    # gradient as a loss term is zero: it only moved the loss value).
+    c.rl.kl_form = "reward"
     c.rl.max_new_tokens = 160
     c.rl.micro_batches = 1
     c.eval.max_new_tokens = 160

@@ -36,7 +36,9 @@ trainer (`rlrag_jax.trainer`) reads these sections for every method:
             sampling a step may draw more), prompts_per_step, group_size, sampling
             (temperature, top_k, top_p, max_new_tokens), optimiser (lr, lr_schedule cosine |
             linear | constant after the warmup, warmup_ratio, weight_decay, max_grad_norm), KL
-            (kl_beta, kl_estimator k1 | k2 | k3), PPO clip (clip_eps_low / _high, dual_clip),
+            (kl_beta, kl_estimator k1 | k2 | k3, kl_form loss | reward: a term of the policy
+            loss, or, PPO only, -kl_beta x the estimate on each policy token's reward before
+            GAE with the loss term off), PPO clip (clip_eps_low / _high, dual_clip),
             entropy_coef (an entropy bonus: minus it times the aggregated entropy in the loss),
             aggregation (sequence_mean | token_mean | constant), advantages (scale_std,
             adv_eps), mu (updates per batch), micro_batches (equal splits accumulated in the
@@ -55,7 +57,10 @@ trainer (`rlrag_jax.trainer`) reads these sections for every method:
             Monte-Carlo returns are the values), gamma, lam (GAE), vf_lr, vf_clip (0 =
             unclipped value loss),
             whiten (advantages), whiten_by (an Episode.info key, e.g. SPARKLE's 'role': whiten
-            separately within each of its values), mini_batches (per epoch; rl.mu epochs)).
+            separately within each of its values), mini_batches (per epoch; rl.mu epochs),
+            mini_batch_size (> 0: episodes per mini-batch instead, max(1, round(n / size))
+            mini-batches of the step's n episodes, sizes within one of each other; the RL lr
+            schedules then count RL steps, every update of a step at that step's lr)).
   eval      every (RL steps; 0 = before and after RL only), num_examples, max_new_tokens,
             val_every (RL steps between evaluations of the validation set, data.val_mix; 0:
             none), val_metric (its summary's metric, higher is better: the best state is kept
@@ -139,7 +144,9 @@ def trainer_config(method: str, workdir: str) -> ml_collections.ConfigDict:
       algo="grpo", steps=0, prompts_per_step=8, group_size=8, temperature=1.0, top_k=0,
       epochs=0.0,          # > 0: steps = ceil(epochs x training prompts / prompts_per_step)
       top_p=1.0, max_new_tokens=128, lr=1e-4, lr_schedule="cosine", warmup_ratio=0.0,
-      weight_decay=0.0, max_grad_norm=1.0, kl_beta=0.04, kl_estimator="k3", clip_eps_low=0.2, clip_eps_high=0.2,
+      weight_decay=0.0, max_grad_norm=1.0, kl_beta=0.04, kl_estimator="k3",
+      kl_form="loss",     # 'reward' (PPO): -kl_beta * KL on each policy token's reward instead
+      clip_eps_low=0.2, clip_eps_high=0.2,
       dual_clip=0.0, entropy_coef=0.0, aggregation="sequence_mean", scale_std=True, adv_eps=1e-4, mu=1,
       micro_batches=1, tokens_per_micro_batch=0, dynamic_sampling=False,
       dynamic_sampling_key="total",
@@ -153,7 +160,11 @@ def trainer_config(method: str, workdir: str) -> ml_collections.ConfigDict:
       ppo=ml_collections.ConfigDict(dict(
           critic="separate", gamma=1.0, lam=0.95, vf_lr=1e-4, vf_clip=0.2, whiten=True,
           whiten_by="",   # an Episode.info key: whiten separately per value (e.g. 'role')
-          mini_batches=1))))
+          mini_batches=1,
+          # > 0: episodes per update instead: each epoch splits the step's (shuffled) episodes
+          # into max(1, round(n / mini_batch_size)) mini-batches, and the lr schedules count
+          # RL steps (learners.schedule_by_rl_step); 0: rl.ppo.mini_batches counts them
+          mini_batch_size=0))))
 
   c.eval = ml_collections.ConfigDict(dict(
       every=0, num_examples=200, max_new_tokens=128, batch_size=64, judge_url="", judge_model="",

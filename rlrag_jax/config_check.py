@@ -257,6 +257,7 @@ def shared_rules() -> dict:
       "rl.max_grad_norm": POSITIVE,
       "rl.kl_beta": NON_NEGATIVE,
       "rl.kl_estimator": OneOf(tuple(KL_ESTIMATORS)),
+      "rl.kl_form": OneOf(learners.KL_FORMS),
       "rl.clip_eps_low": NON_NEGATIVE,
       "rl.clip_eps_high": NON_NEGATIVE,
       "rl.dual_clip": Range(lo=1, lo_open=True, also=(0,)),    # losses: c > 1; 0: off
@@ -275,6 +276,7 @@ def shared_rules() -> dict:
       "rl.ppo.vf_lr": POSITIVE,
       "rl.ppo.vf_clip": NON_NEGATIVE,                          # 0: unclipped value loss
       "rl.ppo.mini_batches": COUNT,
+      "rl.ppo.mini_batch_size": COUNT_OR_OFF,                  # 0: mini_batches counts them
       # eval, checkpoints, logging
       "eval.every": COUNT_OR_OFF,
       "eval.val_every": COUNT_OR_OFF,              # 0: no validation

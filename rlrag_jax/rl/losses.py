@@ -151,8 +151,15 @@ def kl_penalty_rewards(scores: Array, logp: Array, ref_logp: Array, mask: Array,
   """PPO-style shaped rewards [B, T]: -beta * kl per policy token, plus the outcome score on the
   last policy token. Use instead of the KL loss term (then set the loss beta to 0)."""
   m = _f32(mask)
-  penalty = -beta * kl_fn(logp, ref_logp, estimator) * m
-  return jax.lax.stop_gradient(penalty + outcome_token_rewards(scores, m))
+  return jax.lax.stop_gradient(kl_reward_penalty(logp, ref_logp, m, beta, estimator)
+                               + outcome_token_rewards(scores, m))
+
+
+def kl_reward_penalty(logp: Array, ref_logp: Array, mask: Array, beta: float,
+                      estimator: str = "k1") -> Array:
+  """-beta * kl(policy || ref) per policy token [B, T] (0 off the mask): the KL as a reward
+  (rl.kl_form='reward'), as OpenRLHF's PPO adds it."""
+  return jax.lax.stop_gradient(-beta * kl_fn(logp, ref_logp, estimator) * _f32(mask))
 
 
 # ----------------------------------------------------------------------------- value and SFT

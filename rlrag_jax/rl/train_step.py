@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Callable, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 import flax
 import jax
@@ -128,14 +128,51 @@ def make_schedule(cfg: OptimizerConfig) -> optax.Schedule:
   raise ValueError(f"optimizer.schedule is {cfg.schedule!r}; expected one of {SCHEDULES}")
 
 
-def make_optimizer(cfg: OptimizerConfig) -> optax.GradientTransformation:
-  """clip_by_global_norm(max_grad_norm) -> adamw(schedule, b1, b2, eps, weight_decay)."""
+def make_optimizer(cfg: OptimizerConfig, by_rl_step: bool = False) -> optax.GradientTransformation:
+  """clip_by_global_norm(max_grad_norm) -> adamw(schedule, b1, b2, eps, weight_decay).
+
+  by_rl_step: the schedule is indexed by RL steps (a counter in the optimizer state that
+  `advance_rl_step` moves), not by updates, so every update of one RL step takes that step's lr
+  and cfg.total_steps counts RL steps: for a learner whose updates per step vary with the
+  step's episode count (rl.ppo.mini_batch_size), as verl steps its scheduler once per batch."""
   decay_mask = lambda params: jax.tree_util.tree_map(lambda p: p.ndim >= 2, params)
-  adamw = optax.adamw(make_schedule(cfg), b1=cfg.b1, b2=cfg.b2, eps=cfg.eps,
-                      weight_decay=cfg.weight_decay, mask=decay_mask)
+  if by_rl_step:
+    adamw = optax.chain(optax.scale_by_adam(b1=cfg.b1, b2=cfg.b2, eps=cfg.eps),
+                        optax.add_decayed_weights(cfg.weight_decay, decay_mask),
+                        _scale_by_rl_step_schedule(make_schedule(cfg)))
+  else:
+    adamw = optax.adamw(make_schedule(cfg), b1=cfg.b1, b2=cfg.b2, eps=cfg.eps,
+                        weight_decay=cfg.weight_decay, mask=decay_mask)
   if cfg.max_grad_norm is None:
     return adamw
   return optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm), adamw)
+
+
+class RLStepState(NamedTuple):
+  """The RL steps completed, for a schedule indexed by them (make_optimizer(by_rl_step=True))."""
+  rl_step: Array     # int32 scalar
+
+
+def _scale_by_rl_step_schedule(schedule) -> optax.GradientTransformation:
+  """-schedule(RL steps completed) x updates; the counter moves only by `advance_rl_step`."""
+  def init(params):
+    del params
+    return RLStepState(rl_step=jnp.zeros((), jnp.int32))
+
+  def update(updates, state, params=None):
+    del params
+    lr = schedule(state.rl_step)
+    return jax.tree_util.tree_map(lambda g: jnp.asarray(-lr, g.dtype) * g, updates), state
+  return optax.GradientTransformation(init, update)
+
+
+def advance_rl_step(opt_state):
+  """`opt_state` with its RL-step counter moved on by one (a no-op for an optimizer made
+  without by_rl_step)."""
+  is_counter = lambda x: isinstance(x, RLStepState)
+  return jax.tree_util.tree_map(
+      lambda x: RLStepState(rl_step=x.rl_step + 1) if is_counter(x) else x, opt_state,
+      is_leaf=is_counter)
 
 
 def optimizer_count(opt_state) -> Array:

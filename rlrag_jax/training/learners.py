@@ -15,7 +15,9 @@
                                 values by rollouts), the outcome reward on each episode's last
                                 policy token, GAE(gamma, lambda) per token, optional advantage
                                 whitening, a clipped value loss with its own lr, rl.mu epochs of
-                                rl.ppo.mini_batches shuffled mini-batches.
+                                rl.ppo.mini_batches shuffled mini-batches, or, with
+                                rl.ppo.mini_batch_size > 0, of max(1, round(episodes / size))
+                                (then the lr schedules count RL steps, not updates).
 
 Both pack the episodes into one token batch, compute the sampling policy's log-probs when updates
 are more than one (mu > 1 or mini-batches), the reference log-probs when the KL term is on, and
@@ -47,6 +49,10 @@ from rlrag_jax.rollout.batch import (logits_start, pack, pack_micro_batch, plan_
 OUTCOME_ALGOS = tuple(adv_lib.ADVANTAGE_ESTIMATORS)
 ALGOS = OUTCOME_ALGOS + ("ppo",)
 CRITICS = ("separate", "head", "tree_mc")
+# rl.kl_form: where rl.kl_beta's KL(policy || ref) acts: 'loss' (a term of the policy loss,
+# GRPO's form) or 'reward' (PPO only: -kl_beta * KL on every policy token's reward before GAE,
+# the OpenRLHF / InstructGPT form; the loss term is then off).
+KL_FORMS = ("loss", "reward")
 
 
 def check_algo(rl) -> str:
@@ -56,14 +62,54 @@ def check_algo(rl) -> str:
   return algo
 
 
-def _mini_batches(rl) -> int:
-  """Mini-batches per epoch: rl.ppo.mini_batches for PPO, else the whole batch."""
+def mini_batch_size(rl) -> int:
+  """rl.ppo.mini_batch_size for PPO (episodes per update; 0: rl.ppo.mini_batches counts them),
+  else 0."""
+  return int(rl.ppo.mini_batch_size) if check_algo(rl) == "ppo" else 0
+
+
+def kl_form(rl) -> str:
+  form = str(rl.kl_form)
+  if form not in KL_FORMS:
+    raise ValueError(f"config key 'rl.kl_form' is {form!r}; expected one of {KL_FORMS}")
+  if form == "reward" and check_algo(rl) != "ppo":
+    raise ValueError(f"config key 'rl.kl_form' is 'reward', which needs per-token rewards "
+                     f"(rl.algo 'ppo'); rl.algo is {rl.algo!r}: use 'loss'")
+  return form
+
+
+def _mini_batches(rl, episodes: int | None = None) -> int:
+  """Mini-batches per epoch: rl.ppo.mini_batches for PPO, or with rl.ppo.mini_batch_size
+  max(1, round(episodes / mini_batch_size)) of this step's episodes (Python's round:
+  half to even); else the whole batch."""
+  size = mini_batch_size(rl)
+  if size:
+    if episodes is None:
+      raise ValueError("config key 'rl.ppo.mini_batch_size' > 0: the mini-batch count follows "
+                       "each step's episode count; pass it")
+    return max(1, int(round(episodes / size)))
   return int(rl.ppo.mini_batches) if check_algo(rl) == "ppo" else 1
 
 
-def updates_per_step(rl) -> int:
-  """Optimizer updates one RL step makes (for the lr schedule's length)."""
-  return int(rl.mu) * _mini_batches(rl)
+def updates_per_step(rl, episodes: int | None = None) -> int:
+  """Optimizer updates one RL step of `episodes` episodes makes: rl.mu epochs of its
+  mini-batches (`episodes` is needed only with rl.ppo.mini_batch_size > 0)."""
+  return int(rl.mu) * _mini_batches(rl, episodes)
+
+
+def schedule_by_rl_step(rl) -> bool:
+  """Whether the RL lr schedules (policy and critic) are indexed by RL steps rather than by
+  updates: with rl.ppo.mini_batch_size > 0 a step's update count follows its episode count,
+  which a tree rollout varies, so no update count fixes the schedule's length in advance;
+  every update of a step then takes the step's lr (`train_step.advance_rl_step`)."""
+  return mini_batch_size(rl) > 0
+
+
+def schedule_length(rl, rl_steps: int) -> int:
+  """The RL lr schedule's length (OptimizerConfig.total_steps, at least 2): RL steps when
+  `schedule_by_rl_step`, else rl_steps x updates_per_step optimizer updates."""
+  n = int(rl_steps) if schedule_by_rl_step(rl) else int(rl_steps) * updates_per_step(rl)
+  return max(n, 2)
 
 
 def token_budget(section) -> int:
@@ -84,7 +130,11 @@ def equal_micro_batches(section) -> int:
 def episode_unit(rl) -> int:
   """The number a step's episode count must be a multiple of: rl.micro_batches in each of
   the mini-batches (token-budget micro-batches pad their own rows: the mini-batches only).
-  A task that pads its own episode count (a `collect` hook) pads to a multiple of this."""
+  A task that pads its own episode count (a `collect` hook) pads to a multiple of this.
+  With rl.ppo.mini_batch_size the mini-batches take any size (PPOLearner requires
+  rl.micro_batches 1 or a token budget then): 1."""
+  if mini_batch_size(rl):
+    return 1
   return equal_micro_batches(rl) * _mini_batches(rl)
 
 
@@ -127,6 +177,7 @@ class OutcomeLearner:
   def __init__(self, config, steps, mesh, pad_id: int):
     self.rl, self.steps, self.mesh, self.pad = config.rl, steps, mesh, pad_id
     algo = self.algo = check_algo(config.rl)
+    kl_form(config.rl)          # 'reward' is PPO's: refused here
     if algo == "grpo":
       self.estimate = lambda r, g: adv_lib.group_advantages(
           r, g, scale_std=self.rl.scale_std, eps=self.rl.adv_eps)
@@ -199,6 +250,17 @@ class PPOLearner:
     if int(self.ppo.mini_batches) < 1 or equal_micro_batches(rl) < 1:
       raise ValueError(f"config keys 'rl.ppo.mini_batches' = {self.ppo.mini_batches} and "
                        f"'rl.micro_batches' = {rl.micro_batches} must be >= 1")
+    if int(self.ppo.mini_batch_size) < 0:
+      raise ValueError(f"config key 'rl.ppo.mini_batch_size' is {self.ppo.mini_batch_size}; "
+                       "expected 0 (off: rl.ppo.mini_batches) or a positive episode count")
+    if mini_batch_size(rl) and equal_micro_batches(rl) > 1:
+      # np.array_split's mini-batches differ by one episode and follow the step's episode
+      # count: an equal split into rl.micro_batches cannot be promised for every step.
+      raise ValueError(
+          f"config key 'rl.ppo.mini_batch_size' = {self.ppo.mini_batch_size} makes mini-batches "
+          f"of varying sizes, which 'rl.micro_batches' = {rl.micro_batches} equal parts need not "
+          "divide; set rl.micro_batches=1 or a token budget rl.tokens_per_micro_batch > 0 "
+          "(micro-batches planned per mini-batch, any size)")
     self._gae = jax.jit(adv_lib.gae, static_argnums=(3, 4))
     self.tree_mc = self.ppo.critic == "tree_mc"
     if self.tree_mc:        # the rollout tree supplies the values: no model to build or train
@@ -207,8 +269,9 @@ class PPOLearner:
     self.module = ValueLM(model_cfg)
     self.opt = ts.make_optimizer(ts.OptimizerConfig(
         lr=self.ppo.vf_lr, schedule=rl.lr_schedule, warmup_ratio=rl.warmup_ratio,
-        total_steps=max(int(config.rl.steps) * updates_per_step(rl), 2),
-        weight_decay=rl.weight_decay, max_grad_norm=rl.max_grad_norm))
+        total_steps=schedule_length(rl, config.rl.steps),
+        weight_decay=rl.weight_decay, max_grad_norm=rl.max_grad_norm),
+        by_rl_step=schedule_by_rl_step(rl))
     if self.shared:    # only the head learns; XLA drops the backbone's unused gradient
       label = lambda tree, name: jax.tree_util.tree_map(lambda _: name, tree)
       shapes = sharding.param_shapes(self.module)
@@ -273,17 +336,27 @@ class PPOLearner:
     else:
       dev = sharding.shard_batch(host, self.mesh)
       forward = lambda fn, params: fn(params, dev, start)
-    n, mini = totals.shape[0], int(ppo.mini_batches)
+    n = totals.shape[0]
+    mini = _mini_batches(rl, n)
     on_policy = int(rl.mu) == 1 and mini == 1
+    kl_reward = self.steps.with_ref and kl_form(rl) == "reward"
     # One update on the whole batch samples and updates the same policy (ratio 1): the
-    # step's own stop-gradient log-probs are the old ones, so no separate forward.
-    if not on_policy:
+    # step's own stop-gradient log-probs are the old ones, so no separate forward (unless
+    # the KL reward needs the sampling policy's log-probs).
+    if not on_policy or kl_reward:
       host["old_logp"] = np.asarray(forward(self.steps.logp, state.params))
     if self.steps.with_ref:
       host["ref_logp"] = np.asarray(forward(self.steps.logp, ref_params))
     mask = (host["loss_mask"] > 0).astype(np.float32)
     mask[:, 0] = 0.0
     rewards = _token_rewards(episodes, totals, host, mask)
+    kl_metrics = {}
+    if kl_reward:       # -beta * KL(sampling policy || ref) on every policy token's reward
+      penalty = losses.kl_reward_penalty(jnp.asarray(host["old_logp"]),
+                                         jnp.asarray(host["ref_logp"]), jnp.asarray(mask),
+                                         float(rl.kl_beta), str(rl.kl_estimator))
+      rewards = rewards + penalty
+      kl_metrics["kl/reward_penalty"] = _masked_mean(penalty, mask)
     if self.tree_mc:
       # Every token of a decision takes the state value of the decision's parent node; GAE
       # at lambda 1 then gives each token its return-to-go minus that value.
@@ -298,14 +371,16 @@ class PPOLearner:
                                float(ppo.lam))
       metrics = {"vf/explained_variance": explained_variance(values, returns, mask),
                  "vf/return_mean": _masked_mean(returns, mask)}
+    metrics.update(kl_metrics)
     if ppo.whiten:
       adv = self._whiten(adv, mask, episodes)
     host["advantages"] = np.asarray(adv, np.float32)
     host["returns"] = np.asarray(returns, np.float32)
     host["old_values"] = np.asarray(values, np.float32)
 
+    by_size = bool(mini_batch_size(rl))
     size = n // mini
-    if n % mini or size % equal_micro_batches(rl):
+    if not by_size and (n % mini or size % equal_micro_batches(rl)):
       # The episode count is the task's (a task with a `collect` hook pads it to its own
       # buckets), so the split is checked here, per step.
       raise ValueError(
@@ -319,8 +394,10 @@ class PPOLearner:
     parts = {}
     for _ in range(int(rl.mu)):
       order = rng.permutation(n) if mini > 1 else np.arange(n)
-      for j in range(mini):
-        rows = order[j * size:(j + 1) * size]
+      # rl.ppo.mini_batch_size: sizes as equal as possible (n = 2,500 at 1,024: 834, 833, 833)
+      split = (np.array_split(order, mini) if by_size else
+               [order[j * size:(j + 1) * size] for j in range(mini)])
+      for rows in split:
         vm = {}
         if budget:
           key_rows = rows.tobytes()
@@ -339,6 +416,12 @@ class PPOLearner:
         for k, v in list(pm.items()) + [(f"vf/{k}", v) for k, v in vm.items()]:
           sums.setdefault(k, []).append(float(v))
     metrics.update({k: float(np.mean(v)) for k, v in sums.items()})
+    if by_size:
+      metrics["updates"] = float(int(rl.mu) * mini)
+    if schedule_by_rl_step(rl):          # the next step's updates take the next step's lr
+      state = state.replace(opt_state=ts.advance_rl_step(state.opt_state))
+      if critic is not None and not self.tree_mc:
+        critic = critic.replace(opt_state=ts.advance_rl_step(critic.opt_state))
     return state, critic, metrics
 
   def _budget_parts(self, episodes, rows, host, p_len: int, pol_keys, val_keys) -> tuple:

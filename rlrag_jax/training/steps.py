@@ -55,7 +55,9 @@ def policy_loss_config(rl, **overrides):
   from rlrag_jax.rl import train_step as ts
   fields = dict(
       eps_low=rl.clip_eps_low, eps_high=rl.clip_eps_high, dual_clip=rl.dual_clip or None,
-      aggregation=rl.aggregation, max_completion_len=rl.max_new_tokens, beta=rl.kl_beta,
+      aggregation=rl.aggregation, max_completion_len=rl.max_new_tokens,
+      # rl.kl_form 'reward': the KL is in the PPO rewards (learners), not in the loss
+      beta=rl.kl_beta if learners.kl_form(rl) == "loss" else 0.0,
       kl_estimator=rl.kl_estimator, temperature=rl.temperature,
       entropy_coef=float(rl.get("entropy_coef", 0.0)))
   return ts.LossConfig(**{**fields, **overrides})
@@ -76,8 +78,9 @@ class Steps:
         weight_decay=config.sft.weight_decay, max_grad_norm=1.0))
     self.rl_opt = ts.make_optimizer(ts.OptimizerConfig(
         lr=rl.lr, schedule=rl.lr_schedule, warmup_ratio=rl.warmup_ratio,
-        total_steps=max(rl_total * learners.updates_per_step(rl), 2),
-        weight_decay=rl.weight_decay, max_grad_norm=rl.max_grad_norm))
+        total_steps=learners.schedule_length(rl, rl_total),
+        weight_decay=rl.weight_decay, max_grad_norm=rl.max_grad_norm),
+        by_rl_step=learners.schedule_by_rl_step(rl))
     self.loss_cfg = policy_loss_config(rl)
     # With a token budget the host packs the micro-batches (`accumulated`): no equal splits.
     self.sft_step = ts.make_sft_step(self.module, self.sft_opt, mesh,
@@ -89,7 +92,7 @@ class Steps:
     self.logp = ts.make_logprob_fn(self.module, mesh, temperature=rl.temperature,
                                    micro_batches=learners.equal_micro_batches(rl),
                                    logits_chunk=int(rl.logits_chunk))
-    self.with_ref = rl.kl_beta > 0
+    self.with_ref = rl.kl_beta > 0        # the KL loss term or reward needs the reference
 
   def new_state(self, params, stage: str):
     opt = self.sft_opt if stage == "sft" else self.rl_opt

@@ -172,7 +172,7 @@ def test_paper_preset_runs_on_real_data(tmp_path, shared_data_dir):
   c.data.max_train, c.data.max_eval = 4, 0
   c.retrieval.backend = "exact"
   c.sft.steps = c.sft.epochs = 0            # real data: SFT needs collected trajectories
-  c.rl.update(dict(steps=1, prompts_per_step=2, max_new_tokens=6))
+  c.rl.update(dict(steps=1, epochs=0.0, prompts_per_step=2, max_new_tokens=6))
   c.sparkle.tree.depth = 1
   c.sparkle.agent.update(dict(max_steps=2))
   c.sparkle.max_new.update(dict(rd=3, qf=6, ki=6, reader=6))

@@ -6,9 +6,10 @@ import jax
 import numpy as np
 import pytest
 
-from configs import arena
+from configs import arena, sparkle
 from rlrag_jax import trainer
 from rlrag_jax.models import ModelConfig, init_params, sharding
+from rlrag_jax.rl import train_step as ts
 from rlrag_jax.rollout.batch import logits_start, pack
 from rlrag_jax.tasks import Episode
 from rlrag_jax.training import learners
@@ -325,3 +326,137 @@ def test_arena_trains_with_a_head_critic_through_kill_and_resume(tmp_path):
   assert [r["step"] for r in rl_rows] == [4, 5, 6, 7]       # steps 6-7 after the resume
   for r in rl_rows:
     assert np.isfinite(r["vf/loss"]) and np.isfinite(r["vf/explained_variance"])
+
+
+def test_ppo_mini_batch_size_splits_each_epoch_by_episode_count():
+  """rl.ppo.mini_batch_size: each epoch shuffles the step's episodes into
+  max(1, round(n / size)) mini-batches of sizes within one (np.array_split), and the update
+  counts follow n: hand-computed for the SPARKLE paper preset's 1,024 too."""
+  mesh = sharding.make_mesh(data=1, fsdp=1, tensor=1)
+  c = _config("ppo", mini_batch_size=2)
+  c.rl.mu = 2
+  steps = trainer.Steps(c, CFG, mesh, 0, 2)
+  learner = learners.make_learner(c, steps, mesh, CFG, pad_id=0)
+  seen = []
+
+  def fake_step(state, batch, start):
+    assert "old_logp" in batch
+    ids, attn = np.asarray(batch["input_ids"]), np.asarray(batch["attention_mask"])
+    last = attn.shape[1] - 1 - np.argmax(attn[:, ::-1], axis=1)
+    seen.append(ids[np.arange(len(ids)), last].tolist())
+    return state, {"loss": 0.0}
+  steps.rl_step = fake_step
+  learner.value_step = lambda st, batch, start: (st, {"loss": 0.0})
+  state = steps.new_state(init_params(steps.module, jax.random.PRNGKey(0)), "rl")
+  critic = learner.init_critic(state.params, jax.random.PRNGKey(1))
+  eps = _episodes() + [Episode(example=None, prompt_ids=[8, 9], completion_ids=[19, 20],
+                               loss_mask=[1, 1], text="")]
+  for i, e in enumerate(eps):          # a distinct last token marks each episode's row
+    e.completion_ids = e.completion_ids[:-1] + [40 + i]
+  state, critic, m = learner.update(state, critic, eps, [{"total": 0.0}] * 5, None,
+                                    jax.random.PRNGKey(2))
+  # 5 episodes at 2 a mini-batch: round(2.5) = 2 mini-batches of 3 and 2, for 2 epochs.
+  assert [len(s) for s in seen] == [3, 2, 3, 2] and m["updates"] == 4
+  for epoch in range(2):
+    assert sorted(seen[2 * epoch] + seen[2 * epoch + 1]) == [40, 41, 42, 43, 44]
+  assert learners.updates_per_step(c.rl, 5) == 4 and learners.episode_unit(c.rl) == 1
+  # The schedules count RL steps (their length is rl.steps), and the step moved the counters.
+  assert learners.schedule_by_rl_step(c.rl) and learners.schedule_length(c.rl, 7) == 7
+  for s in (state, critic):
+    (counter,) = [x for x in jax.tree_util.tree_leaves(
+        s.opt_state, is_leaf=lambda x: isinstance(x, ts.RLStepState))
+        if isinstance(x, ts.RLStepState)]
+    assert int(counter.rl_step) == 1
+  # The paper preset: before, one update per step whatever its size; now one per ~1,024.
+  paper = sparkle.get_config("paper").rl
+  assert paper.ppo.mini_batch_size == 1024 and paper.lr_schedule == "cosine"
+  paper.ppo.mini_batch_size = 0
+  assert [learners.updates_per_step(paper) for n in (640, 2500, 3072)] == [1, 1, 1]
+  assert learners.schedule_length(paper, 117) == 117
+  paper.ppo.mini_batch_size = 1024
+  assert [learners.updates_per_step(paper, n) for n in (640, 1536, 2500, 3072)] == [1, 2, 2, 3]
+  assert [len(r) for r in np.array_split(np.arange(2500), 2)] == [1250, 1250]
+  # rl.micro_batches > 1 cannot split mini-batches of varying sizes equally: a token budget can.
+  c.rl.micro_batches = 2
+  with pytest.raises(ValueError, match="'rl.ppo.mini_batch_size' = 2 .*rl.tokens_per_micro_b"):
+    learners.make_learner(c, steps, mesh, CFG, pad_id=0)
+  c.rl.tokens_per_micro_batch = 64
+  learners.make_learner(c, steps, mesh, CFG, pad_id=0)
+
+
+def test_rl_step_schedule_gives_every_update_of_a_step_that_steps_lr():
+  """make_optimizer(by_rl_step=True): the lr is schedule(RL steps completed), unchanged by
+  updates and moved by advance_rl_step. Constant gradients make each Adam direction 1, so an
+  update is -lr; cosine over 4 steps from 1: lr 1, then (1 + cos(pi / 4)) / 2."""
+  opt = ts.make_optimizer(ts.OptimizerConfig(lr=1.0, schedule="cosine", total_steps=4,
+                                             max_grad_norm=None), by_rl_step=True)
+  params = {"w": np.ones(2, np.float32)}
+  grads = {"w": np.full(2, 0.5, np.float32)}
+  st = opt.init(params)
+  got = []
+  for advance in (False, True, False):
+    u, st = opt.update(grads, st, params)
+    got.append(float(u["w"][0]))
+    if advance:
+      st = ts.advance_rl_step(st)
+  u, st = opt.update(grads, st, params)
+  got.append(float(u["w"][0]))
+  want = [-1.0, -1.0, -(1 + np.cos(np.pi / 4)) / 2, -(1 + np.cos(np.pi / 4)) / 2]
+  np.testing.assert_allclose(got, want, rtol=1e-4)
+  # Without by_rl_step the schedule follows the updates (today's behaviour): 1, cos(pi/4), ...
+  plain = ts.make_optimizer(ts.OptimizerConfig(lr=1.0, schedule="cosine", total_steps=4,
+                                               max_grad_norm=None))
+  st = plain.init(params)
+  u1, st = plain.update(grads, st, params)
+  u2, st = plain.update(grads, ts.advance_rl_step(st), params)
+  np.testing.assert_allclose([float(u1["w"][0]), float(u2["w"][0])],
+                             [-1.0, -(1 + np.cos(np.pi / 4)) / 2], rtol=1e-4)
+
+
+def test_kl_form_reward_puts_minus_beta_kl_on_each_token_reward_and_drops_the_loss_term():
+  """rl.kl_form='reward': a policy token's reward gains -beta * (logp - ref_logp) (k1), so with
+  tree values, gamma 1 and no whitening its advantage is R - b plus the penalties from it to
+  the end, summed here by hand; the loss's KL coefficient is 0 (no KL term)."""
+  mesh = sharding.make_mesh(data=1, fsdp=1, tensor=1)
+  c = _config("ppo", critic="tree_mc", gamma=1.0, whiten=False)
+  c.rl.kl_beta, c.rl.kl_estimator, c.rl.kl_form = 0.5, "k1", "reward"
+  steps = trainer.Steps(c, CFG, mesh, 0, 2)
+  assert steps.with_ref and steps.loss_cfg.beta == 0.0
+  learner = learners.make_learner(c, steps, mesh, CFG, pad_id=0)
+  params = init_params(steps.module, jax.random.PRNGKey(0))
+  ref = init_params(steps.module, jax.random.PRNGKey(7))
+  eps = _episodes()
+  totals, bases = (1.0, 0.0, 2.0, -1.0), (0.5, 0.5, 2.0, -1.0)
+  for e, b in zip(eps, bases):
+    e.info = {"baseline": b}
+  host = pack([e.prompt_ids for e in eps], [e.completion_ids for e in eps],
+              [e.loss_mask for e in eps], pad_id=0, bucket=8)
+  dev = sharding.shard_batch(host, mesh)
+  logp = np.asarray(steps.logp(params, dev, 0))
+  ref_logp = np.asarray(steps.logp(ref, dev, 0))
+  mask = host["loss_mask"].astype(float)
+  mask[:, 0] = 0
+  want = np.zeros_like(mask)
+  for i, (r, b) in enumerate(zip(totals, bases)):
+    idx = [t for t in range(mask.shape[1]) if mask[i, t]]
+    for j, t in enumerate(idx):
+      want[i, t] = r - b + sum(-0.5 * (logp[i, k] - ref_logp[i, k]) for k in idx[j:])
+  seen = {}
+  steps.rl_step = lambda st, batch, start: (seen.update(
+      {k: np.asarray(v) for k, v in batch.items()}) or st, {"loss": 0.0})
+  state = steps.new_state(params, "rl")
+  _, _, m = learner.update(state, None, eps, [{"total": t} for t in totals], ref,
+                           jax.random.PRNGKey(2))
+  np.testing.assert_allclose(seen["advantages"] * mask, want, rtol=1e-4, atol=1e-6)
+  pen = -0.5 * ((logp - ref_logp) * mask).sum() / mask.sum()
+  assert abs(pen) > 1e-4 and m["kl/reward_penalty"] == pytest.approx(pen, rel=1e-4)
+  # The step still gets ref_logp (its 'kl' metric), with the loss's KL coefficient 0.
+  assert "ref_logp" in seen and steps.loss_cfg.beta == 0.0
+  # 'loss' (the CPU defaults' form): the step's loss carries beta * KL, the rewards do not.
+  c.rl.kl_form = "loss"
+  assert trainer.Steps(c, CFG, mesh, 0, 2).loss_cfg.beta == 0.5
+  c.rl.algo, c.rl.kl_form = "grpo", "reward"
+  with pytest.raises(ValueError, match="'rl.kl_form' is 'reward', which needs"):
+    learners.make_learner(c, steps, mesh, CFG, pad_id=0)
+  assert sparkle.get_config("paper").rl.kl_form == "reward"
+  assert sparkle.get_config("").rl.kl_form == "loss"

@@ -27,6 +27,8 @@ RULES = {
     "sparkle.reader.failure_window": cc.COUNT,
     "sparkle.reader.max_failure_rate": cc.FRACTION,
     "sparkle.kg_default": cc.OneOf(task.KG_DEFAULTS),
+    "sparkle.valid_fraction": cc.RATIO_BELOW_ONE,   # task.split_validation; 0: no validation
+    "sparkle.eval_on": cc.OneOf(task.EVAL_ON),
     "sparkle.eval.naive_k": cc.COUNT,
     "sparkle.eval.recall_steps": cc.COUNT,
     "sparkle.reader_sft.*_prob": cc.FRACTION,

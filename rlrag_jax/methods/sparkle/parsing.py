@@ -7,6 +7,8 @@ The proxy's three roles (the paper's appendix A.1-A.3 formats):
   Query Formulation    Reasoning Chain: <head; relation; tail>, <head; relation; [unknown]>
                        To continue answering the question, we need to know: <the gap>
                        Retrieval Query: <a concise query>
+                       (Figure 5 labels no query: without "Retrieval Query:" the first
+                       non-blank line after the need's is the query)
   Knowledge Integration  one candidate triple, written out ("<head; relation; tail>") or by its
                        number in the candidate list ("[3]")
 
@@ -31,6 +33,9 @@ _INDEX = re.compile(r"^\s*\[?\s*(\d+)\s*\]?")
 _THINK = re.compile(r"<think>(.*?)</think>", re.S)
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.S)
 _WORD = re.compile(r"[a-z]+")
+# A label before an unmarked query line ("Step 3: Formulate Retrieval Query:", "Query:").
+_HEADER = re.compile(r"^\s*\[[^\]]*\]\s*$")        # "[Step 3: Formulate Retrieval Query]"
+_STEP_LABEL = re.compile(r"^\s*(step\s*3\s*:\s*)?([\w ]*query\s*:\s*)?", re.I)
 
 
 def _text(x) -> str:
@@ -116,6 +121,12 @@ def parse_formulation(text, fallback: str) -> Formulation:
   i = text.lower().find(QUERY.lower())
   if i >= 0:       # the query is the first non-blank line after the marker
     query = _squash(text[i + len(QUERY):].strip().split("\n", 1)[0])
+  elif need:       # Figure 5 names no query label: the need's line, then the query's
+    j = text.lower().find(NEED.lower()) + len(NEED)
+    lines = [l for l in text[j:].split("\n") if l.strip()]
+    need = _squash(lines[0]) if lines else ""
+    rest = [_squash(_STEP_LABEL.sub("", l)) for l in lines[1:] if not _HEADER.match(l)]
+    query = next((l for l in rest if l), "")
   if query:
     return Formulation(chain, need, query, True)
   return Formulation(chain, need, _squash(_text(fallback)), False)

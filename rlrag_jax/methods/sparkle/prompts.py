@@ -50,7 +50,7 @@ QF_INSTRUCTION = (
     "[Step 1: Generate Reasoning Chain]\nGiven the question and the corresponding thought, "
     "extract the information that is directly helpful for answering the question. Represent each "
     "piece of information as a structured knowledge triple in the format <head; relation; tail>. "
-    "Output Format: Reasoning Chain: <head1; relation1; tail1>, <head2; relation2; tail2>, ... "
+    "Output Format: <head1; relation1; tail1>, <head2; relation2; tail2>, ... "
     "<headN; relationN; tailN>\n\n[Step 2: Identify Knowledge Gaps]\nBased on the extracted "
     "reasoning chain, identify the next piece of information that is required to continue "
     "reasoning toward the answer to the question. This could be a missing fact, relation, or "
@@ -59,7 +59,7 @@ QF_INSTRUCTION = (
     "information]\n\n[Step 3: Formulate Retrieval Query]\nWrite a concise and effective natural "
     "language query that can help retrieve the specific information identified in Step 2. The "
     "query should be focused, contain the key entities and relations, and be suitable for a "
-    "retrieval system.\nOutput Format: Retrieval Query: [the query]")
+    "retrieval system.")
 KI_INSTRUCTION = (
     "You are an intelligent reasoning assistant. Your task is to select the most useful knowledge "
     "triple from a list of candidates to help continue a reasoning process toward answering a "
@@ -68,7 +68,7 @@ KI_INSTRUCTION = (
     "guide the next reasoning step\n- A set of candidate triples\n\nYour goal: Select only one "
     "triple that is most useful for continuing the reasoning toward answering the question. This "
     "selected triple should logically extend the current reasoning chain and help bridge the gap "
-    "toward the final answer. Output the selected triple only.")
+    "toward the final answer.")
 DIRECT_QF_INSTRUCTION = (
     "You are an intelligent reasoning assistant. Given the question and the reasoning thoughts "
     "so far, write a concise and effective natural language query that retrieves the next piece "
@@ -85,6 +85,17 @@ READER_INSTRUCTION = (
     "your first thought here] </think>\n<think> [put your second thought here] </think>\n...\n"
     "<think> [put your final thought here] </think>\n<answer> [put your final answer (short "
     "phrase or keyword only) here] </answer>")
+# w/o RD (sparkle.agent.rd_mode='reader'): the reader asks for retrieval with a special token
+# (appendix D.2: "generating a special token (e.g., "<search>")"; the paper gives no wording).
+# Inside the thought: the reader's calls stop at </think>.
+SEARCH_TOKEN = "<search>"
+READER_SEARCH_INSTRUCTION = (
+    "If you need external information to continue, end that thought with the special token "
+    "<search> inside its tags, e.g. <think> I need to find out who directed the film. <search> "
+    "</think>, and retrieved documents will be added to the context.")
+REASONING_READER_SEARCH_INSTRUCTION = (
+    "If you need external information to continue, end that step's line with the special token "
+    "<search>, and retrieved documents will be added to the context.")
 REASONING_READER_INSTRUCTION = (
     "Please answer the following question. You should think step-by-step to solve it. Provide "
     "your final answer in the format \\boxed{YOUR_ANSWER}.")
@@ -157,16 +168,33 @@ def integration_text(question: str, chain: Sequence, query: str, candidates: Seq
 
 # --------------------------------------------------------------------------- the reader
 def reader_text(question: str, docs: Sequence[tuple], thoughts: Sequence[str], style: str,
-                passage_words: int = 0, reasoning: bool = False) -> str:
+                passage_words: int = 0, reasoning: bool = False, search: bool = False) -> str:
   """The reader's prompt followed by its thoughts so far; it writes the next one. A reasoning
-  reader's thoughts are lines of free text."""
+  reader's thoughts are lines of free text. `search` (w/o RD, 'paper' style): the instruction
+  offers the <search> token (the 'compact' CPU reader asks by its need thoughts)."""
+  return (reader_request(question, docs, style, passage_words, reasoning, search)
+          + reader_history(thoughts, reasoning))
+
+
+def reader_request(question: str, docs: Sequence[tuple], style: str, passage_words: int = 0,
+                   reasoning: bool = False, search: bool = False) -> str:
+  """The reader's prompt without its thoughts (a chat template's user message)."""
   _check(style)
   body = f"Context: {context_text(docs, passage_words)}\nQuestion: {question}\n"
+  if style == "compact":
+    return body
+  instruction = REASONING_READER_INSTRUCTION if reasoning else READER_INSTRUCTION
+  if search:
+    instruction += "\n" + (REASONING_READER_SEARCH_INSTRUCTION if reasoning
+                           else READER_SEARCH_INSTRUCTION)
+  return f"{instruction}\n\nInputs:\n{body}"
+
+
+def reader_history(thoughts: Sequence[str], reasoning: bool = False) -> str:
+  """The reader's thoughts so far as it wrote them (a chat template's assistant prefix)."""
   if reasoning:
-    head = body if style == "compact" else f"{REASONING_READER_INSTRUCTION}\n\nInputs:\n{body}"
-    return head + "".join(f"{t}\n" for t in thoughts)
-  head = body if style == "compact" else f"{READER_INSTRUCTION}\n\nInputs:\n{body}"
-  return head + "".join(f"<think>{t}</think>\n" for t in thoughts)
+    return "".join(f"{t}\n" for t in thoughts)
+  return "".join(f"<think>{t}</think>\n" for t in thoughts)
 
 
 def render_think(thought: str) -> str:

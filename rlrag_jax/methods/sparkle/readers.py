@@ -12,8 +12,10 @@
                   recent requests and stops the run (`judge.EndpointFailing`) past
                   `max_failure_rate` of the last `failure_window`.
 
-Both write the paper's prompts (prompts.reader_text); a reasoning reader writes free text split
-on newlines and answers in \\boxed{}.
+Both write the paper's prompts (prompts.reader_text; with `search`, the w/o-RD ablation's, the
+instruction offers the <search> token); a reasoning reader writes free text split on newlines
+and answers in \\boxed{}. LMReader renders the prompt through its tokenizer's chat template when
+it has one (the thoughts so far continue the assistant's reply).
 """
 from __future__ import annotations
 
@@ -28,10 +30,16 @@ STOPS = ("</think>", "</answer>")
 class LMReader:
 
   def __init__(self, lm, *, style: str, max_new_tokens: int = 48, chunk: int = 64,
-               passage_words: int = 0, reasoning: bool = False):
+               passage_words: int = 0, reasoning: bool = False, search: bool = False,
+               chat_template: bool = True, thinking: bool = False):
     from rlrag_jax.rollout.policy import Policy
     self.lm, self.tokenizer = lm, lm.tokenizer
     self.style, self.passage_words, self.reasoning = style, int(passage_words), bool(reasoning)
+    self.search, self.thinking = bool(search), bool(thinking)
+    # An instruct reader (the paper's Qwen2.5-7B-Instruct) reads its chat template, as
+    # ProxyTask.encode gives the proxy its own; a tokenizer without one (the CPU default's
+    # world reader) reads plain text, as before.
+    self.use_chat = bool(chat_template and getattr(self.tokenizer, "chat_template", None))
     self.chunk = max(1, int(chunk))
     tok = self.tokenizer
     eos = tuple(lm.config.eos_token_id or ()) or (tok.eos_token_id,)
@@ -45,9 +53,20 @@ class LMReader:
     return []                        # in-process: nothing to fail like an endpoint
 
   def prompt_ids(self, question: str, docs: Sequence[tuple], thoughts: Sequence[str]) -> list:
-    text = prompts.reader_text(question, docs, thoughts, self.style, self.passage_words,
-                               self.reasoning)
-    return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+    """Plain text: the prompt and the thoughts so far. Chat template: the prompt as the user
+    message, the thoughts so far after the generation prompt (the reply it continues)."""
+    if not self.use_chat:
+      text = prompts.reader_text(question, docs, thoughts, self.style, self.passage_words,
+                                 self.reasoning, self.search)
+      return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+    from rlrag_jax.models import encode_prompt
+    user = prompts.reader_request(question, docs, self.style, self.passage_words,
+                                  self.reasoning, self.search)
+    head = encode_prompt(self.tokenizer, [{"role": "user", "content": user}],
+                         thinking=self.thinking)
+    history = prompts.reader_history(thoughts, self.reasoning)
+    return head + (self.tokenizer(history, add_special_tokens=False)["input_ids"]
+                   if history else [])
 
   def __call__(self, requests: Sequence[tuple]) -> list:
     import jax
@@ -69,7 +88,8 @@ class LMReader:
 class EndpointReader:
 
   def __init__(self, url: str, model: str, *, style: str = "paper", max_tokens: int = 256,
-               reasoning: bool = False, passage_words: int = 0, timeout: float = 60.0,
+               reasoning: bool = False, passage_words: int = 0, search: bool = False,
+               timeout: float = 60.0,
                api_key: str = "", concurrency: int = 16, max_failure_rate: float = 0.5,
                failure_window: int = 200, key_prefix: str = "sparkle.reader."):
     from rlrag_jax.judge import FailureMonitor, at_least_one
@@ -77,6 +97,7 @@ class EndpointReader:
     self.url = base if base.endswith("/chat/completions") else base + "/chat/completions"
     self.model, self.style, self.max_tokens = model, style, int(max_tokens)
     self.reasoning, self.passage_words = bool(reasoning), int(passage_words)
+    self.search = bool(search)
     self.timeout, self.api_key = float(timeout), api_key
     self.concurrency = at_least_one(concurrency, f"{key_prefix}concurrency")
     self.monitor = FailureMonitor("reader", self.url, max_failure_rate=max_failure_rate,
@@ -93,7 +114,7 @@ class EndpointReader:
 
   def body(self, question: str, docs: Sequence[tuple], thoughts: Sequence[str]) -> dict:
     text = prompts.reader_text(question, docs, thoughts, self.style, self.passage_words,
-                               self.reasoning)
+                               self.reasoning, self.search)
     if thoughts:
       text += "\nWrite only your next step."
     body = {"model": self.model, "temperature": 0.0, "max_tokens": self.max_tokens,

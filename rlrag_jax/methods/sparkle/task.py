@@ -36,6 +36,21 @@ from rlrag_jax.training import learners, stages
 ROLES = ("proxy", "reader")
 ROLLOUTS = ("tree", "standard")
 KG_DEFAULTS = ("sentences", "train_evidence", "none")
+# sparkle.eval_on: what the trainer's evaluations read: the data.eval_mix questions ('eval') or
+# the validation questions held out of the training ones ('valid', sparkle.valid_fraction > 0;
+# the paper selects hyperparameters on its 1,500).
+EVAL_ON = ("eval", "valid")
+
+
+def split_validation(train: list, fraction: float, seed: int) -> tuple:
+  """(train, valid): round(fraction x n) of the n training questions, drawn with `seed`, held
+  out for validation; the rest, in their order, train. The paper: 1,500 of 9,000 (1/6)."""
+  n_valid = int(round(float(fraction) * len(train)))
+  if not n_valid:
+    return list(train), []
+  held = set(random.Random(seed).sample(range(len(train)), n_valid))
+  return ([ex for i, ex in enumerate(train) if i not in held],
+          [ex for i, ex in enumerate(train) if i in held])
 VARIANTS = (("llm_", "reader alone (no retrieval)"), ("naive_", "naive RAG"),
             ("", "SPARKLE"))
 log = logging.getLogger("rlrag_jax.sparkle")
@@ -152,6 +167,15 @@ class ProxyTask:
                        "advantage would be 0); use a value model or the tree rollout")
     sel = sources.select(config.data, seed=config.seed)
     self.train, self.eval = list(sel.train), list(sel.eval)
+    # Validation questions leave the training ones before anything (the KG too) reads them.
+    self.train, self.valid = split_validation(self.train, float(s.valid_fraction), config.seed)
+    if s.eval_on not in EVAL_ON:
+      raise ValueError(f"config key 'sparkle.eval_on' is {s.eval_on!r}; expected one of {EVAL_ON}")
+    if s.eval_on == "valid":
+      if not self.valid:
+        raise ValueError("config key 'sparkle.eval_on' is 'valid' but 'sparkle.valid_fraction' "
+                         f"= {s.valid_fraction} holds out no training question")
+      self.eval = list(self.valid)
     self.env = CorpusSearch(config, sel, encoder)
     # Built from the corpus and the training questions only: no evaluation label reaches it.
     self.store = TripleStore(
@@ -178,7 +202,7 @@ class ProxyTask:
       self.reader = readers.EndpointReader(
           r.url, r.model, style=self.style, max_tokens=int(r.get("max_tokens", 256)),
           reasoning=self.agent_cfg.reasoning_reader, passage_words=self.agent_cfg.passage_words,
-          concurrency=r.concurrency, max_failure_rate=r.max_failure_rate,
+          search=self.agent_cfg.rd_mode == "reader", concurrency=r.concurrency, max_failure_rate=r.max_failure_rate,
           failure_window=r.failure_window, key_prefix="sparkle.reader.")
 
   def bind_models(self, models) -> None:
@@ -189,7 +213,9 @@ class ProxyTask:
       self.reader = readers.LMReader(
           models["reader"], style=self.style, max_new_tokens=self.max_new["reader"],
           chunk=int(self.config.eval.batch_size), passage_words=self.agent_cfg.passage_words,
-          reasoning=self.agent_cfg.reasoning_reader)
+          reasoning=self.agent_cfg.reasoning_reader, search=self.agent_cfg.rd_mode == "reader",
+          chat_template=bool(self.config.model.chat_template),
+          thinking=bool(self.config.model.thinking))
 
   # ---------------------------------------------------------------- ids
   def gold(self, ex) -> tuple:
