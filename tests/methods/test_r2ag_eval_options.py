@@ -51,8 +51,10 @@ def test_evaluation_gains_g2_judge_accuracy_through_a_fake_endpoint():
     j = judge.OpenAIJudge(srv.url, "gpt-4o", prompt=SteeringTask.judge_prompt)
     out = evaluation.evaluate(task, None, [ex, ex], progress=False, judge=j)
   assert [r["judge"] for r in out["rows"]] == [1.0, 0.0] and out["all"]["judge"] == 0.5
-  system, user = srv.bodies[0]["messages"]
-  assert system == {"role": "system", "content": prompts.JUDGE_SYSTEM}
-  assert user["content"] == ("Query: \u201cWho?\u201d\nLabel: \u201cAnn\u201d\n"
-                             "Student\u2019s Answer: \u201cAnn\u201d")
-  assert srv.bodies[0]["max_tokens"] == prompts.JUDGE_MAX_TOKENS
+  # the two requests are in flight at once (the judge's pool): their arrival order is free
+  assert all(b["messages"][0] == {"role": "system", "content": prompts.JUDGE_SYSTEM}
+             for b in srv.bodies)
+  assert sorted(b["messages"][1]["content"] for b in srv.bodies) == [
+      f"Query: \u201cWho?\u201d\nLabel: \u201cAnn\u201d\nStudent\u2019s Answer: \u201c{a}\u201d"
+      for a in ("Ann", "Bob")]
+  assert all(b["max_tokens"] == prompts.JUDGE_MAX_TOKENS for b in srv.bodies)
