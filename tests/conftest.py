@@ -31,17 +31,27 @@ def shared_data_dir() -> pathlib.Path:
   return d
 
 
+def _shared_fixtures(item) -> tuple:
+  """The module- or class-scoped fixtures `item` uses (an expensive shared run, such as a trained
+  reader): tests that share one are grouped so it is built once."""
+  defs = getattr(item, "_fixtureinfo", None)
+  if defs is None:
+    return ()
+  return tuple(sorted(name for name, fds in defs.name2fixturedefs.items()
+                      if fds and fds[-1].scope in ("module", "class")))
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-  """Under `pytest -n 2 --dist loadgroup` (the README's test command), each module's `slow` tests
-  form one group: they run on one worker, one after another, so a module-scoped fixture (a
-  trained reader, an executor run) is built once rather than once per worker; and xdist hands out
-  the largest groups first, so the long end-to-end modules start early instead of leaving one
-  worker idle at the end. Without xdist the marker does nothing."""
+  """Under `pytest -n 2 --dist loadgroup` (the README's test command), the `slow` tests of a
+  module that share a module-scoped fixture (a trained reader, an executor run) form one group:
+  they run on one worker, one after another, so the fixture is built once rather than once per
+  worker. A slow test without one is its own unit, so that one module's long end-to-end tests
+  spread over both workers instead of queueing on one. The slow tests go first (a stable sort:
+  each module keeps its order), so that the long ones do not start last and leave a worker
+  idle. Without xdist the marker does nothing."""
   for item in items:
-    if item.get_closest_marker("slow") and not item.get_closest_marker("xdist_group"):
-      item.add_marker(pytest.mark.xdist_group(item.module.__name__))
-  # slow tests first (a stable sort: each module keeps its order), so that among groups of
-  # equal size, and before the one-test units, the slow ones are handed out first
+    shared = _shared_fixtures(item)
+    if item.get_closest_marker("slow") and shared and not item.get_closest_marker("xdist_group"):
+      item.add_marker(pytest.mark.xdist_group(item.module.__name__ + ":" + "+".join(shared)))
   items[:] = sorted(items, key=lambda item: item.get_closest_marker("slow") is None)
-
