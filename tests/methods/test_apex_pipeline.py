@@ -120,6 +120,10 @@ def test_paper_presets_train_on_real_data_and_run_the_pipeline(tmp_path, shared_
     e.data.max_train, e.data.max_eval = 4, 2
     e.sft.steps, e.sft.epochs, e.sft.batch_size, e.sft.max_len = 2, 0, 2, 2048
     e.apex.max_hops, e.apex.max_query_tokens, e.apex.max_answer_tokens = 2, 6, 6
+    # Short passages: the byte-level tokenizer makes a 200-word passage ~1.2k tokens, and the
+    # pipeline's prefills over 3 of them per hop were most of this test's time; the plumbing
+    # checked here does not depend on their length.
+    e.apex.top_k, e.apex.max_passage_words = 2, 12
     e.retrieval.backend = "exact"
     e.eval.update(dict(num_examples=2, max_new_tokens=6, batch_size=2))
     e.checkpoint.every, e.checkpoint.keep = 1, 3

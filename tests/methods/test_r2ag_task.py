@@ -130,6 +130,7 @@ def test_paper_preset_runs_on_real_data(tmp_path, shared_data_dir):
                    max_new_tokens=8))
   c.r2ag.forest.update(dict(size=3, max_size=4))
   c.r2ag.eval.update(dict(answer_tokens=4, max_iterations=2))
+  c.r2ag.passage_words = 12               # byte-level tokens: whole passages make long prefills
   c.eval.update(dict(num_examples=3, max_new_tokens=8, batch_size=3))
   c.checkpoint.every = 1
   c.eval.val_every = 1                    # validations at both RL steps

@@ -174,7 +174,9 @@ def test_paper_preset_runs_on_real_data(tmp_path, shared_data_dir):
   c.sft.steps = c.sft.epochs = 0            # real data: SFT needs collected trajectories
   c.rl.update(dict(steps=1, epochs=0.0, prompts_per_step=2, max_new_tokens=6))
   c.sparkle.tree.depth = 1
-  c.sparkle.agent.update(dict(max_steps=2))
+  # Few, short passages and triples: byte-level tokens make whole passages thousands of
+  # tokens, whose prefills were most of this test's time; the plumbing does not need them.
+  c.sparkle.agent.update(dict(max_steps=2, top_docs=2, top_triples=4, passage_words=12))
   c.sparkle.max_new.update(dict(rd=3, qf=6, ki=6, reader=6))
   c.eval.update(dict(num_examples=4, max_new_tokens=6, batch_size=4))
   c.checkpoint.every = 1
