@@ -28,7 +28,7 @@ def main(argv):
   from rlrag_jax import evaluation, judge, runlog
   from rlrag_jax.data import sources
   from rlrag_jax.experiments import load_checkpoint
-  from rlrag_jax.trainer import checkpoint_policy
+  from rlrag_jax.rollout.policy import checkpoint_policy
   runlog.cli_logging()        # what the task built (e.g. which ScaNN mode the index runs in)
   config = _CONFIG.value
   loaded = load_checkpoint("evaluate", config, _CKPT.value, _STEP.value)

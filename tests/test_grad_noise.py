@@ -8,6 +8,7 @@ import pytest
 from rlrag_jax import trainer
 from rlrag_jax.experiments import grad_noise
 from rlrag_jax.models import DecoderLM
+from rlrag_jax.rollout.policy import checkpoint_policy
 from test_train import tiny_config
 
 
@@ -81,7 +82,7 @@ def test_rl_gradient_is_the_group_relative_policy_gradient(tiny_run):
   config = tiny_config(work)
   config.rl.group_size = 4
   probe = grad_noise.Probe(config, lm, task.tokenizer.pad_token_id or 0, with_sft=False)
-  policy = trainer.checkpoint_policy(lm, task.tokenizer, config.rl.max_new_tokens)
+  policy = checkpoint_policy(lm, task.tokenizer, config.rl.max_new_tokens)
   episodes = task.rollout(policy, list(task.train)[:2], jax.random.PRNGKey(3), group_size=4)
   # Rewards that differ within each group (the tiny model's own rewards may all be equal).
   totals = [1.0, 0.0, 0.5, 2.0, 0.0, 0.0, 1.0, 3.0]
@@ -152,7 +153,7 @@ def test_ppo_measures_the_policy_gradient_with_a_fresh_critic(tiny_run):
   config = tiny_config(work)
   config.rl.algo, config.rl.group_size = "ppo", 4
   probe = grad_noise.Probe(config, lm, task.tokenizer.pad_token_id or 0, with_sft=False)
-  policy = trainer.checkpoint_policy(lm, task.tokenizer, config.rl.max_new_tokens)
+  policy = checkpoint_policy(lm, task.tokenizer, config.rl.max_new_tokens)
   episodes = task.rollout(policy, list(task.train)[:2], jax.random.PRNGKey(3), group_size=4)
   a = probe.rl_gradient(episodes, [{"total": t} for t in (1.0, 0, 0, 2, 0, 0, 1, 3)],
                         jax.random.PRNGKey(0))

@@ -45,7 +45,7 @@ def test_headroom_matches_the_exact_first_token_distribution(tmp_path):
   import jax
   import torch
   from rlrag_jax.rollout.policy import Policy
-  from rlrag_jax.trainer import load_trained
+  from rlrag_jax.run_dirs import load_trained
   path = make_tiny_checkpoint(tmp_path, "qwen2", seed=3)
   task = EvenFirstToken()
   prompts = [f"q{i} say:" for i in range(12)]
@@ -97,7 +97,7 @@ class OneEpisodePerQuestion(EvenFirstToken):
 def test_a_rollout_without_groups_gets_each_question_k_times(tmp_path):
   import jax
   from rlrag_jax.rollout.policy import Policy
-  from rlrag_jax.trainer import load_trained
+  from rlrag_jax.run_dirs import load_trained
   lm = load_trained(str(make_tiny_checkpoint(tmp_path, "qwen2", seed=3)))
   policy = Policy(lm.config, lm.params, max_new_tokens=1, eos_ids=(2,), pad_id=0)
   prompts = [f"q{i} say:" for i in range(6)]

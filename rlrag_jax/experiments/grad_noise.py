@@ -226,7 +226,7 @@ class Probe:
 def _rl_policy(lm, task, rl):
   """The policy the trainer's RL stage samples with (config section `rl`'s temperature, top-k,
   top-p) over the checkpoint's parameters."""
-  from rlrag_jax.trainer import checkpoint_policy
+  from rlrag_jax.rollout.policy import checkpoint_policy
   return checkpoint_policy(lm, task.tokenizer, rl.max_new_tokens,
                            temperature=float(rl.temperature), top_k=rl.top_k, top_p=rl.top_p)
 

@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rlrag_jax import judge, runlog
+from rlrag_jax.config_base import stage_runs
 from rlrag_jax.data.pipeline import BatchIterator
 from rlrag_jax.models import sharding
 from rlrag_jax.rollout.batch import (logits_start, pack, pack_micro_batch, packed_lengths,
@@ -344,7 +345,7 @@ def sft_samples(task, config) -> Optional[list]:
   flattened samples of every training example; the SFT stage then batches samples, not
   examples (and `sft.epochs` counts passes over them). None without the hook or when SFT does
   not run."""
-  if not hasattr(task, "sft_samples") or not runs(config.sft):
+  if not hasattr(task, "sft_samples") or not stage_runs(config.sft):
     return None
   out = []
   for ex in task.train:
@@ -389,11 +390,6 @@ def stage_iterators(train, config, sft_items=None) -> tuple[Optional[BatchIterat
 
 # ------------------------------------------------------------------------------------ length
 BATCH_KEYS = {"sft": "batch_size", "rl": "prompts_per_step"}
-
-
-def runs(section) -> bool:
-  """Whether the stage of config section `sft` / `rl` trains: fixed steps or epochs above 0."""
-  return int(section.steps) > 0 or float(section.epochs) > 0
 
 
 def epoch_steps(items: int, global_batch: int, epochs: float) -> int:
