@@ -95,11 +95,7 @@ def load_models(models_cfg, mesh) -> dict:
 
 
 def bind(task, models: dict) -> None:
-  """Hands the auxiliary models to the task; an error if it has no use for them."""
-  if not models:
-    return
-  if not hasattr(task, "bind_models"):
-    raise ValueError(f"config section 'models' names {sorted(models)}, but the "
-                     f"{getattr(task, 'name', type(task).__name__)} task takes no auxiliary "
-                     "models (it has no bind_models hook)")
-  task.bind_models(models)
+  """Hands the auxiliary models, if any, to the task (`Task.bind_models`, which refuses them by
+  default)."""
+  if models:
+    task.bind_models(models)

@@ -23,7 +23,7 @@ from rlrag_jax import (compile_cache, config_check, evaluation, fingerprint, jud
 from rlrag_jax.data import sources
 from rlrag_jax.models import LM, ModelConfig, hf_io, save_hf
 from rlrag_jax.rollout.policy import Policy
-from rlrag_jax.tasks import get_task, validation_of
+from rlrag_jax.tasks import get_task
 from rlrag_jax.training import compiles, early_stop, learners, report, stages
 from rlrag_jax.training.stages import sft_samples, stage_iterators  # noqa: F401 (re-exported)
 from rlrag_jax.training.steps import Steps, build_model  # noqa: F401 (re-exported)
@@ -96,8 +96,7 @@ def run(config, *, resume: bool = False, progress: bool = True,
   after = r.evaluate(label)
   r.rlog.write(r.step, "eval_after", after["all"])
   report.write_report(r.workdir, r.rlog, r.before, after, time.time() - t_start, label)
-  if hasattr(r.task, "report"):
-    r.task.report(r.workdir, r.rlog)
+  r.task.report(r.workdir, r.rlog)
   if config.export_hf:
     save_hf(LM(r.model_cfg, jax.device_get(r.state.params), r.task.tokenizer), r.workdir / "hf")
   r.rlog.close()
@@ -158,11 +157,11 @@ def _setup(config, stop_after) -> stages.Run:
                                      "eval.num_examples"),
       iterators={"sft": sft_iter, "rl": rl_iter},
       evaluate_fn=functools.partial(_evaluate, eval_judge=judge.from_config(
-          config.eval, prompt=getattr(task, "judge_prompt", judge.DEFAULT_PROMPT),
+          config.eval, prompt=task.judge_prompt,
           where="eval")),
       base_key=jax.random.PRNGKey(config.seed), pad=pad, stop_after=stop_after,
       stage="sft" if int(config.sft.steps) > 0 else "rl", params=params, lengths=lengths,
-      val_examples=validation_of(task))
+      val_examples=list(task.validation))
   if int(config.eval.val_every) > 0:
     if not r.val_examples:
       raise ValueError(f"config key 'eval.val_every' is {config.eval.val_every} but the task "
@@ -173,8 +172,9 @@ def _setup(config, stop_after) -> stages.Run:
 
 
 def _evaluate(task, policy, examples, config, desc, eval_judge=None):
-  """`evaluation.evaluate`; with eval.judge_url set, `eval_judge` (the task's `judge_prompt`, else
-  the neutral one) adds the 'judge' accuracy column, as `python -m rlrag_jax.evaluate` does."""
+  """`evaluation.evaluate`; with eval.judge_url set, `eval_judge` (the task's `judge_prompt`: by
+  default the neutral one) adds the 'judge' accuracy column, as `python -m rlrag_jax.evaluate`
+  does."""
   return evaluation.evaluate(task, policy, examples, batch_size=config.eval.batch_size,
                              seed=config.seed, desc=desc, judge=eval_judge)
 

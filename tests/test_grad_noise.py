@@ -9,6 +9,7 @@ from rlrag_jax import trainer
 from rlrag_jax.experiments import grad_noise
 from rlrag_jax.models import DecoderLM
 from rlrag_jax.rollout.policy import checkpoint_policy
+from stub_task import StubTask
 from test_train import tiny_config
 
 
@@ -184,12 +185,18 @@ def test_batch_group_takes_the_majority_value():
     grad_noise.batch_group(scores, "level")
 
 
-class _Levels:
+class _Levels(StubTask):
   """The tiny task with a `level` score field that alternates 0, 1, 0, … batch by batch."""
 
   def __init__(self, task, per_batch):
     self.task, self.per_batch, self.calls = task, per_batch, 0
     self.tokenizer, self.train = task.tokenizer, task.train
+
+  def prompt_ids(self, ex):
+    return self.task.prompt_ids(ex)
+
+  def sft_target_ids(self, ex):
+    return self.task.sft_target_ids(ex)
 
   def rollout(self, *a, **k):
     return self.task.rollout(*a, **k)
@@ -220,7 +227,7 @@ def test_measure_groups_batches_and_keeps_the_mean_gradient(tiny_run):
   assert "RL batches by level" in grad_noise.format_table(out)
 
 
-class _NormTask:
+class _NormTask(StubTask):
   """Each episode's reward is the norm of the parameters it was sampled with; the keys it was
   sampled with are recorded."""
 

@@ -7,6 +7,7 @@ from hf_tiny import load_reference, make_tiny_checkpoint
 from rlrag_jax.experiments import headroom
 from rlrag_jax.generate import byte_level_tokenizer
 from rlrag_jax.rollout.single_turn import single_turn
+from stub_task import StubTask
 
 
 def test_summarize_by_hand():
@@ -23,7 +24,7 @@ def test_summarize_rejects_a_bad_shape(bad):
     headroom.summarize(bad)
 
 
-class EvenFirstToken:
+class EvenFirstToken(StubTask):
   """Reward 1 when the first generated token id is even (plus a second, constant component)."""
 
   def __init__(self):

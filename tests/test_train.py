@@ -178,7 +178,8 @@ def test_dynamic_sampling_keeps_groups_by_the_configured_key():
   config.rl.group_size, config.rl.prompts_per_step = 2, 2
   config.rl.dynamic_sampling, config.rl.dynamic_max_tries = True, 3
   # Draw 1: group A has a spread in 'total' but not in 'correct'; group B in both.
-  task = types.SimpleNamespace(reward=lambda ep, step: {"total": ep[1], "correct": ep[2]})
+  from stub_task import StubTask
+  task = StubTask(reward=lambda ep, step: {"total": ep[1], "correct": ep[2]})
   import itertools
   rl_iter = itertools.repeat(["x", "y"])
   for key_name, want in (("total", ["A", "A", "B", "B"]), ("correct", ["B", "B", "C", "C"])):

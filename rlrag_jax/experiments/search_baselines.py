@@ -25,8 +25,9 @@ def main(argv=None) -> int:
     return 2
   examples = sources.cut_eval(list(task.eval), cfg.eval.num_examples, "eval.num_examples")
   pipelines = tuple(p for p in _FLAGS["pipelines"].value.split(",") if p)
-  res = baselines.evaluate_pipelines(task, baselines.eval_policy(lm, task, cfg), examples, pipelines=pipelines,
-                           batch_size=cfg.eval.batch_size, seed=cfg.seed, progress=True)
+  res = baselines.evaluate_pipelines(task, baselines.eval_policy(lm, task, cfg), examples,
+                                     pipelines=pipelines, batch_size=cfg.eval.batch_size,
+                                     seed=cfg.seed, progress=True)
   print(baselines.format_pipelines(res))
   if _FLAGS["out"].value:
     pathlib.Path(_FLAGS["out"].value).write_text(json.dumps(res, indent=2))

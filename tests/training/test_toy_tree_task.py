@@ -15,12 +15,12 @@ from rlrag_jax import config_base, run_dirs, trainer
 from rlrag_jax.generate import byte_level_tokenizer
 from rlrag_jax.rollout import tree
 from rlrag_jax.rollout.single_turn import completion_ids, single_turn
-from rlrag_jax.tasks import Episode
+from rlrag_jax.tasks import Episode, Task
 
 pytestmark = pytest.mark.slow
 
 
-class ToyTreeTask:
+class ToyTreeTask(Task):
   name = "toy_tree"
 
   def __init__(self, config):

@@ -19,14 +19,14 @@ from rlrag_jax.methods.apex import executor, plans, prompts, rewrite, sepr
 from rlrag_jax.retrieval import from_config
 from rlrag_jax.retrieval.query_cache import QueryEmbeddings
 from rlrag_jax.rollout.single_turn import decode_keeping_tags, single_turn
-from rlrag_jax.tasks import Episode
+from rlrag_jax.tasks import Episode, Task
 
 ROLES = ("planner", "executor")
 PLAN_CUE = "Plan:\n"
 log = logging.getLogger("rlrag_jax.apex")
 
 
-class PlannerTask:
+class PlannerTask(Task):
   """The planning agent: one single-turn rollout per question, SEPR against the gold plan."""
   name = "apex"
 
@@ -162,7 +162,7 @@ def planner_prompt_ids(tokenizer, question: str, max_steps: int, style: str,
                    add_special_tokens=False)["input_ids"]
 
 
-class ExecutorTask:
+class ExecutorTask(Task):
   """The execution agent: SFT on oracle trajectories of Algorithm 2; held-out EM/F1 of executing
   the gold plans (the executor alone; the planner's plans are pipeline.py's)."""
   name = "apex"

@@ -28,7 +28,7 @@ from rlrag_jax.methods.r2ag import forest as forest_lib
 from rlrag_jax.methods.r2ag import inference, parsing, prompts, rewards
 from rlrag_jax.retrieval.corpus_search import CorpusSearch
 from rlrag_jax.rollout.single_turn import completion_ids, decode_keeping_tags
-from rlrag_jax.tasks import Episode
+from rlrag_jax.tasks import Episode, Task
 
 ROLES = ("steering", "generator")
 SPECIAL_TOKENS = ("<think>", "</think>", "<base-Q>", "</base-Q>", "<predicted-Q>",
@@ -51,7 +51,7 @@ def _with_gold(sel_examples) -> list:
   return [ex for ex in sel_examples if getattr(ex, "gold_ids", None)]
 
 
-class SteeringTask:
+class SteeringTask(Task):
   name = "r2ag"
   # Appendix G.2's LLM accuracy: with eval.judge_url set, evaluations gain a 'judge' column
   # (the main tree's generator answer judged against the gold answers); off by default.
@@ -414,7 +414,7 @@ def _silence(episodes) -> list:
                               info={**e.info, "padding": True}) for e in episodes]
 
 
-class GeneratorTask:
+class GeneratorTask(Task):
   """The frozen generator of the CPU default: SFT on gold documents among distractors."""
   name = "r2ag"
 

@@ -1,8 +1,6 @@
 """The search agent against two reference pipelines, on the same examples, retriever and weights.
 
-The command (`rlrag_jax/experiments/search_baselines.py`) runs them on a checkpoint:
-
-  python -m rlrag_jax.experiments.search_baselines --config=configs/search.py --checkpoint=runs/search
+The command in experiments/search_baselines.py runs them on a checkpoint.
 
 Pipelines (`SearchTask.rollout(pipeline=...)`), all greedy, all scored by `eval_metrics`:
   agent         the trained policy with its tool loop (up to `tool.max_turns` searches);
@@ -29,20 +27,36 @@ import numpy as np
 
 from rlrag_jax import evaluation, runlog
 from rlrag_jax.data import sources
+from rlrag_jax.tasks import Task
 
 COLUMNS = ("f1", "em", "accuracy", "rc", "format")
 EVAL_STAGES = ("eval_before", "eval", "eval_after")
 
 
 @dataclasses.dataclass
-class _Pipeline:
-  """A task whose greedy rollouts run one pipeline (what `evaluation.evaluate` calls)."""
-  task: object
+class _Pipeline(Task):
+  """The search task with its rollouts running one pipeline, for `evaluation.evaluate`: the
+  evaluation takes `Task`'s defaults (greedy `rollout`, `eval_metrics` per episode, no
+  monitors); the rest is the search task's."""
+  task: Task
   pipeline: str
+
+  def __post_init__(self):
+    self.name, self.tokenizer = self.task.name, self.task.tokenizer
+    self.train, self.eval = self.task.train, self.task.eval
+
+  def prompt_ids(self, example):
+    return self.task.prompt_ids(example)
+
+  def sft_target_ids(self, example):
+    return self.task.sft_target_ids(example)
 
   def rollout(self, policy, examples, rng, *, group_size=1, greedy=True):
     return self.task.rollout(policy, examples, rng, group_size=group_size, greedy=greedy,
                              pipeline=self.pipeline)
+
+  def reward(self, episode, step=0):
+    return self.task.reward(episode, step)
 
   def eval_metrics(self, episode):
     return self.task.eval_metrics(episode)

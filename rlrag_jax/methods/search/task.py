@@ -52,7 +52,7 @@ from rlrag_jax.methods.search import parsing, prompts, rewards
 from rlrag_jax.retrieval import from_config
 from rlrag_jax.retrieval.query_cache import QueryEmbeddings
 from rlrag_jax.rollout import Observation, run_tool_loop, truncate_observation
-from rlrag_jax.tasks import Episode
+from rlrag_jax.tasks import Episode, Task
 
 log = logging.getLogger("rlrag_jax.search")
 
@@ -85,7 +85,7 @@ class SearchEnv:
     return out
 
 
-class SearchTask:
+class SearchTask(Task):
   name = "search"
   # The paper's "Instruction for Judge LLM" (B.4), with yes/no read case-insensitively.
   judge_prompt = judge_lib.JudgePrompt(prompts.JUDGE_TEMPLATE)

@@ -33,7 +33,7 @@ from rlrag_jax.methods.sparkle.triples import TripleStore
 from rlrag_jax.retrieval.corpus_search import CorpusSearch
 from rlrag_jax.rl import batching
 from rlrag_jax.rollout.single_turn import decode_keeping_tags
-from rlrag_jax.tasks import Episode
+from rlrag_jax.tasks import Episode, Task
 
 ROLES = ("proxy", "reader")
 ROLLOUTS = ("tree", "standard")
@@ -168,7 +168,7 @@ def knowledge_graph(env: CorpusSearch, train, triples_file: str = "",
   return out
 
 
-class ProxyTask:
+class ProxyTask(Task):
   name = "sparkle"
 
   def __init__(self, config, encoder=None):
@@ -559,7 +559,7 @@ class ProxyTask:
     report.write(self, pathlib.Path(workdir))
 
 
-class ReaderTask:
+class ReaderTask(Task):
   """The frozen reader of the CPU default: SFT on the oracle reader's next thought."""
   name = "sparkle"
 
