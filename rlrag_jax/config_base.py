@@ -120,7 +120,7 @@ def trainer_config(method: str, workdir: str) -> ml_collections.ConfigDict:
       num_kv_heads=2, head_dim=32, max_position_embeddings=1024))
 
   # Auxiliary frozen LMs by name, e.g. c.models.reader = ConfigDict(dict(path="runs/reader")):
-  # loaded once, sharded on the mesh, handed to task.bind_models (training/aux_models.py).
+  # loaded once, sharded on the mesh, handed to task.bind_models (rlrag_jax/run_dirs.py).
   c.models = ml_collections.ConfigDict()
   c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
   c.distributed = ml_collections.ConfigDict(dict(initialize=False, coordinator_address="",
@@ -178,6 +178,11 @@ def trainer_config(method: str, workdir: str) -> ml_collections.ConfigDict:
   c.compile_cache = "auto"  # persistent XLA cache folder; '': off (rlrag_jax.compile_cache)
   c.export_hf = True
   return c
+
+
+def stage_runs(section) -> bool:
+  """Whether the stage of config section `sft` / `rl` trains: fixed steps or epochs above 0."""
+  return int(section.steps) > 0 or float(section.epochs) > 0
 
 
 def use_hf_model(c: ml_collections.ConfigDict, *, remat: bool = True,

@@ -6,7 +6,8 @@
 
 `--checkpoint` is a training run directory or an HF checkpoint directory. The optional LLM judge
 (an OpenAI-compatible endpoint you run) is off unless `eval.judge_url` is set; it asks with the
-method's own prompt (`task.judge_prompt`, a `judge.JudgePrompt`) when the task defines one.
+method's own prompt (`task.judge_prompt`, a `judge.JudgePrompt`; `Task`'s default is the neutral
+one).
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ def main(argv):
   from rlrag_jax import evaluation, judge, runlog
   from rlrag_jax.data import sources
   from rlrag_jax.experiments import load_checkpoint
-  from rlrag_jax.trainer import checkpoint_policy
+  from rlrag_jax.rollout.policy import checkpoint_policy
   runlog.cli_logging()        # what the task built (e.g. which ScaNN mode the index runs in)
   config = _CONFIG.value
   loaded = load_checkpoint("evaluate", config, _CKPT.value, _STEP.value)
@@ -39,8 +40,8 @@ def main(argv):
   examples = sources.cut_eval(list(task.eval), config.eval.num_examples, "eval.num_examples")
   result = evaluation.evaluate(task, policy, examples, batch_size=config.eval.batch_size,
                                seed=config.seed,
-                               judge=judge.from_config(config.eval, prompt=getattr(
-                                   task, "judge_prompt", judge.DEFAULT_PROMPT), where="eval"))
+                               judge=judge.from_config(config.eval, prompt=task.judge_prompt,
+                                                       where="eval"))
   keys = [k for k in result["all"] if k != "n"]
   rows = [{"split": k, **v} for k, v in result.items() if k == "all" or k.startswith(("hops=", "dataset="))]
   print(runlog.format_table(rows, ["split"] + keys + ["n"], title=f"{config.method} evaluation"))

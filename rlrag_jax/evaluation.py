@@ -25,8 +25,7 @@ def evaluate(task, policy, examples: Sequence, *, batch_size: int = 64, seed: in
   """
   from tqdm.auto import tqdm
   from rlrag_jax import judge as judge_lib
-  from rlrag_jax.tasks import monitors_of
-  span = judge_lib.Span(monitors_of(task) + ([judge.monitor] if judge is not None else []))
+  span = judge_lib.Span(list(task.monitors()) + ([judge.monitor] if judge is not None else []))
   rows, has_hops = [], False
   rng = jax.random.PRNGKey(seed)
   batches = range(0, len(examples), batch_size)
@@ -34,14 +33,8 @@ def evaluate(task, policy, examples: Sequence, *, batch_size: int = 64, seed: in
   for start in it:
     chunk = list(examples[start:start + batch_size])
     rng, sub = jax.random.split(rng)
-    if hasattr(task, "eval_rollout"):       # a task whose evaluation differs from training
-      episodes = task.eval_rollout(policy, chunk, sub)
-    else:
-      episodes = task.rollout(policy, chunk, sub, group_size=1, greedy=True)
-    if hasattr(task, "eval_metrics_batch"):   # one call a batch (e.g. one encoder call)
-      batch_metrics = list(task.eval_metrics_batch(episodes))
-    else:
-      batch_metrics = [task.eval_metrics(ep) for ep in episodes]
+    episodes = task.eval_rollout(policy, chunk, sub)       # default: the greedy rollout
+    batch_metrics = list(task.eval_metrics_batch(episodes))
     if judge is not None:
       verdicts = judge.judge_many([(ep.example.question, em.get("prediction", ""),
                                     ep.example.answers) for ep, em in zip(episodes, batch_metrics)])

@@ -20,7 +20,7 @@ _SHARD = flags.DEFINE_integer("max_shard_mb", 5120, "split weights into files of
 def main(argv):
   del argv
   from rlrag_jax.models import save_hf
-  from rlrag_jax.trainer import load_trained
+  from rlrag_jax.run_dirs import load_trained
   try:
     lm = load_trained(_CKPT.value, step=_STEP.value)
   except FileNotFoundError as e:

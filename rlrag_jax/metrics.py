@@ -74,7 +74,8 @@ def full_recall_at_k(retrieved: Sequence, gold: Iterable, k: int) -> float:
 
 
 def average_precision(retrieved: Sequence, gold: Iterable) -> float:
-  """Average precision of a ranked list against a gold set, normalised by |gold|."""
+  """Average precision of a ranked list against a gold set, normalised by |gold| (missed gold
+  ids count as zero precision; a repeated id counts as a miss)."""
   gold = set(gold)
   if not gold:
     return 0.0

@@ -1,13 +1,17 @@
-"""The contract between the shared trainer and a method folder, and the lookup by name.
+"""The contract between the shared engine and a method folder, and the lookup by name.
 
-A method (`rlrag_jax/methods/<name>/task.py`) provides `make_task(config) -> Task`. The trainer,
-evaluator and benchmarks only talk to this protocol, so shared layers never import a method.
+A method (`rlrag_jax/methods/<name>/task.py`) provides `make_task(config) -> Task`, a subclass
+of `Task` below. The trainer, evaluator and experiments only talk to this class, so shared
+layers never import a method.
 """
 from __future__ import annotations
 
+import abc
 import dataclasses
 import importlib
-from typing import Any, Callable, Optional, Protocol, Sequence
+from typing import Any, Callable, Optional, Sequence
+
+from rlrag_jax import judge as judge_lib
 
 
 @dataclasses.dataclass
@@ -21,66 +25,105 @@ class Episode:
   info: dict = dataclasses.field(default_factory=dict)   # turns, queries, retrieved ids, ...
 
 
-class Task(Protocol):
-  name: str
+class Task(abc.ABC):
+  """What the shared engine (trainer, evaluation, experiments) knows of a method.
+
+  Required: the data attributes below (set by the subclass, usually in `__init__`) and the
+  abstract methods; a subclass missing one of those methods cannot be instantiated. Every
+  other member has a default that is the engine's single-stream behaviour, so a task overrides
+  only what it does differently. The engine calls members; it never asks whether a task has one.
+  """
+  # ------------------------------------------------------------------ required data
+  name: str                     # the method's name (config key 'method')
   tokenizer: Any
   train: Sequence[Any]          # training examples
   eval: Sequence[Any]           # held-out examples
-  # Optional: `validation: Sequence[Any]`, held-out examples for model selection while training
-  # (data.val_mix; eval.val_every, eval.early_stop_patience): disjoint from train and eval.
 
-  def prompt_ids(self, example) -> list: ...
-
-  def sft_target(self, example) -> str: ...
-
-  def sft_target_ids(self, example) -> list: ...
-  """Token ids of the SFT target (ending with EOS)."""
-
-  # Optional: `sft_loss_mask(example) -> list` (same length as sft_target_ids) with 0 on target
-  # tokens the environment wrote (e.g. retrieved passages in a multi-turn gold trajectory).
-
-  def rollout(self, policy: Callable, examples: Sequence[Any], rng, *, group_size: int,
-              greedy: bool = False) -> list: ...
-  """`policy(prompt_ids, rng, greedy)` samples continuations; returns list[Episode] (group-major)."""
-
-  def reward(self, episode: Episode, step: int) -> dict: ...
-  """Component dict with a 'total' key; never raises on malformed model output."""
-
-  def eval_metrics(self, episode: Episode) -> dict: ...
-  """Numeric metrics of one greedy episode (plus an optional 'prediction' string for judges)."""
-
-  # Optional hooks (the shared trainer's defaults are the behaviour without them):
-  #   report(workdir, runlog)          method-specific plots/tables after training.
-  #   rewards(episodes, step)          batched rewards (one encoder call a batch), instead of
-  #                                    reward() per episode.
+  # ------------------------------------------------------------------ optional data
+  # Held-out examples for model selection while training (data.val_mix; eval.val_every,
+  # eval.early_stop_patience): disjoint from train and eval.
+  validation: Sequence[Any] = ()
+  # The LLM judge's prompt for the 'judge' accuracy column (eval.judge_url).
+  judge_prompt: judge_lib.JudgePrompt = judge_lib.DEFAULT_PROMPT
+  # Alternative engine paths, None where the task takes the engine's own:
   #   collect(policy, examples, rng, *, group_size, step) -> (episodes, reward dicts)
-  #                                    rollouts that are not one stream per example (e.g.
-  #                                    `rollout.tree.expand`); episodes may set
-  #                                    info['group'] (who is compared with whom) and
-  #                                    info['token_rewards'] (per-token rewards, PPO).
+  #     rollouts that are not one stream per example (e.g. `rollout.tree.expand`); episodes may
+  #     set info['group'] (who is compared with whom) and info['token_rewards'] (per-token
+  #     rewards, PPO). None: one `rollout` per drawn batch, scored by `rewards`, with the
+  #     engine's dynamic sampling.
   #   sft_samples(example) -> [(prompt_ids, target_ids, loss_mask | None), ...]
-  #                                    several SFT samples per example (roles, turns).
-  #   eval_rollout(policy, examples, rng) -> episodes
-  #                                    evaluation that differs from training rollouts.
-  #   eval_metrics_batch(episodes) -> [dict, ...]
-  #                                    eval_metrics for a whole evaluation batch at once.
-  #   state_dict() / load_state_dict(d)  JSON state the task grows while training (e.g. a
-  #                                    training pool from its own rollouts); checkpointed.
-  #   bind_models({name: LM})          the config's auxiliary models (frozen reader, ...).
-  #   monitors() -> [judge.FailureMonitor]
-  #                                    the external endpoints the task calls (an LLM judge, an
-  #                                    endpoint reader): their calls and failures are logged
-  #                                    per RL step and per evaluation as '<name>/...'.
+  #     several SFT samples per example (roles, turns); SFT then batches samples. None: one
+  #     sample per example, prompt_ids + sft_target_ids with sft_loss_mask.
+  collect: Optional[Callable[..., tuple]] = None
+  sft_samples: Optional[Callable[[Any], list]] = None
 
+  # ------------------------------------------------------------------ required methods
+  @abc.abstractmethod
+  def prompt_ids(self, example) -> list:
+    """Token ids of the example's prompt."""
 
-def monitors_of(task) -> list:
-  """The task's endpoint failure monitors (its optional `monitors()` hook; [] without it)."""
-  return list(task.monitors()) if hasattr(task, "monitors") else []
+  @abc.abstractmethod
+  def sft_target_ids(self, example) -> list:
+    """Token ids of the SFT target (ending with EOS)."""
 
+  @abc.abstractmethod
+  def rollout(self, policy: Callable, examples: Sequence[Any], rng, *, group_size: int = 1,
+              greedy: bool = False) -> list:
+    """list[Episode], group-major: `group_size` episodes per example, sampled with `policy`
+    (greedy when `greedy`)."""
 
-def validation_of(task) -> list:
-  """The task's validation examples (its optional `validation`; [] without it)."""
-  return list(task.validation) if hasattr(task, "validation") else []
+  @abc.abstractmethod
+  def reward(self, episode: Episode, step: int = 0) -> dict:
+    """Component dict with a 'total' key; never raises on malformed model output."""
+
+  @abc.abstractmethod
+  def eval_metrics(self, episode: Episode) -> dict:
+    """Numeric metrics of one greedy episode (plus an optional 'prediction' string for
+    judges)."""
+
+  # ------------------------------------------------------------------ optional methods
+  def sft_loss_mask(self, example) -> Optional[list]:
+    """Per target token, 0 where the environment wrote it (e.g. retrieved passages in a
+    multi-turn gold trajectory), else 1; None: train on the whole target."""
+    return None
+
+  def rewards(self, episodes: Sequence[Episode], step: int = 0) -> list:
+    """Reward dicts of a whole rollout batch (override for one batched call, e.g. one encoder
+    call a batch); by default `reward` per episode."""
+    return [self.reward(e, step) for e in episodes]
+
+  def eval_rollout(self, policy: Callable, examples: Sequence[Any], rng) -> list:
+    """The evaluation's episodes, one per example; by default the greedy `rollout`."""
+    return self.rollout(policy, examples, rng, group_size=1, greedy=True)
+
+  def eval_metrics_batch(self, episodes: Sequence[Episode]) -> list:
+    """`eval_metrics` of a whole evaluation batch (override for one call a batch)."""
+    return [self.eval_metrics(e) for e in episodes]
+
+  def state_dict(self) -> dict:
+    """JSON state the task grows while training (e.g. a pool built from its own rollouts),
+    saved in every checkpoint; none by default."""
+    return {}
+
+  def load_state_dict(self, state: dict) -> None:
+    """Restores what `state_dict` returned (on resume)."""
+
+  def bind_models(self, models: dict) -> None:
+    """Receives the config's auxiliary models ({name: LM}: a frozen reader, ...). A task that
+    takes none refuses them."""
+    if models:
+      raise ValueError(f"config section 'models' names {sorted(models)}, but the {self.name} "
+                       "task takes no auxiliary models (it does not override "
+                       "Task.bind_models)")
+
+  def monitors(self) -> list:
+    """The task's external endpoints as `judge.FailureMonitor`s (an LLM judge, an endpoint
+    reader): their calls and failures are logged per RL step and per evaluation as
+    '<name>/...'; none by default."""
+    return []
+
+  def report(self, workdir, runlog) -> None:
+    """Method-specific plots and tables after training; none by default."""
 
 
 def get_task(name: str, config) -> Task:
@@ -90,4 +133,8 @@ def get_task(name: str, config) -> Task:
   except ModuleNotFoundError as e:
     raise ValueError(f"config key 'method' is {name!r}, but rlrag_jax/methods/{name}/task.py "
                      f"does not exist ({e})") from None
-  return mod.make_task(config)
+  task = mod.make_task(config)
+  if not isinstance(task, Task):
+    raise TypeError(f"rlrag_jax/methods/{name}/task.py: make_task returned a "
+                    f"{type(task).__name__}, which is not a subclass of rlrag_jax.tasks.Task")
+  return task

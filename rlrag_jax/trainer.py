@@ -5,7 +5,7 @@ Data flows one way: task data -> rollout (sampling + environment + rewards) -> l
 update) -> checkpoint. The pipeline knows nothing of any one method; `config.method` names the
 task. The parts live in `rlrag_jax.training`: steps (model and jitted updates), learners
 (rl.algo), collection (rollouts, dynamic sampling), stages (the loops, resume), report,
-aux_models, compiles.
+compiles; run directories and auxiliary models are read by `rlrag_jax.run_dirs`.
 """
 from __future__ import annotations
 
@@ -18,12 +18,13 @@ from typing import Any, Optional
 
 import jax
 
-from rlrag_jax import compile_cache, config_check, evaluation, fingerprint, judge, runlog
+from rlrag_jax import (compile_cache, config_check, evaluation, fingerprint, judge, run_dirs,
+                       runlog)
 from rlrag_jax.data import sources
-from rlrag_jax.models import LM, ModelConfig, hf_io, load_hf, save_hf
+from rlrag_jax.models import LM, ModelConfig, hf_io, save_hf
 from rlrag_jax.rollout.policy import Policy
-from rlrag_jax.tasks import get_task, validation_of
-from rlrag_jax.training import aux_models, compiles, early_stop, learners, report, stages
+from rlrag_jax.tasks import get_task
+from rlrag_jax.training import compiles, early_stop, learners, report, stages
 from rlrag_jax.training.stages import sft_samples, stage_iterators  # noqa: F401 (re-exported)
 from rlrag_jax.training.steps import Steps, build_model  # noqa: F401 (re-exported)
 
@@ -95,8 +96,7 @@ def run(config, *, resume: bool = False, progress: bool = True,
   after = r.evaluate(label)
   r.rlog.write(r.step, "eval_after", after["all"])
   report.write_report(r.workdir, r.rlog, r.before, after, time.time() - t_start, label)
-  if hasattr(r.task, "report"):
-    r.task.report(r.workdir, r.rlog)
+  r.task.report(r.workdir, r.rlog)
   if config.export_hf:
     save_hf(LM(r.model_cfg, jax.device_get(r.state.params), r.task.tokenizer), r.workdir / "hf")
   r.rlog.close()
@@ -124,9 +124,9 @@ def _setup(config, stop_after) -> stages.Run:
   workdir = pathlib.Path(config.workdir)
   workdir.mkdir(parents=True, exist_ok=True)
   spec = config.model.get("train_config", "")
-  if config.model.init == "hf" and spec and not aux_models.trained(config.model.path):
+  if config.model.init == "hf" and spec and not run_dirs.trained(config.model.path):
     # The policy starts from a run that its own config trains once (as models.* do).
-    aux_models.train_once("model", config.model.path, spec)
+    train_once("model", config.model.path, spec)
   task = get_task(config.method, config)
   tok = task.tokenizer
   model_cfg, params = build_model(config, tok)
@@ -135,7 +135,8 @@ def _setup(config, stop_after) -> stages.Run:
   log.info("model: %s params, %d train / %d eval examples", f"{model_cfg.num_params():,}",
            len(task.train), len(task.eval))
   mesh = sharding.make_mesh(**dict(config.mesh))
-  aux_models.bind(task, aux_models.load(config.get("models"), mesh))
+  train_missing(config.get("models"))
+  run_dirs.bind(task, run_dirs.load_models(config.get("models"), mesh))
   # From here on the config's <stage>.steps are the run's lengths (<stage>.epochs counted over
   # the task's data: stages.resolve_steps).
   items = sft_samples(task, config)
@@ -156,11 +157,11 @@ def _setup(config, stop_after) -> stages.Run:
                                      "eval.num_examples"),
       iterators={"sft": sft_iter, "rl": rl_iter},
       evaluate_fn=functools.partial(_evaluate, eval_judge=judge.from_config(
-          config.eval, prompt=getattr(task, "judge_prompt", judge.DEFAULT_PROMPT),
+          config.eval, prompt=task.judge_prompt,
           where="eval")),
       base_key=jax.random.PRNGKey(config.seed), pad=pad, stop_after=stop_after,
       stage="sft" if int(config.sft.steps) > 0 else "rl", params=params, lengths=lengths,
-      val_examples=validation_of(task))
+      val_examples=list(task.validation))
   if int(config.eval.val_every) > 0:
     if not r.val_examples:
       raise ValueError(f"config key 'eval.val_every' is {config.eval.val_every} but the task "
@@ -171,65 +172,58 @@ def _setup(config, stop_after) -> stages.Run:
 
 
 def _evaluate(task, policy, examples, config, desc, eval_judge=None):
-  """`evaluation.evaluate`; with eval.judge_url set, `eval_judge` (the task's `judge_prompt`, else
-  the neutral one) adds the 'judge' accuracy column, as `python -m rlrag_jax.evaluate` does."""
+  """`evaluation.evaluate`; with eval.judge_url set, `eval_judge` (the task's `judge_prompt`: by
+  default the neutral one) adds the 'judge' accuracy column, as `python -m rlrag_jax.evaluate`
+  does."""
   return evaluation.evaluate(task, policy, examples, batch_size=config.eval.batch_size,
                              seed=config.seed, desc=desc, judge=eval_judge)
 
 
-def is_run_dir(path) -> bool:
-  """Whether `path` is a training run directory (what `run` writes: model/ + checkpoints/)."""
+def train_missing(models_cfg) -> None:
+  """Trains every entry of config section `models` that names a `train_config` and whose `path`
+  holds no trained run yet (`train_once`); `run_dirs.load_models` then loads them all."""
+  for name in sorted(models_cfg or {}):
+    entry = models_cfg[name]
+    path = entry.get("path", "") if hasattr(entry, "get") else ""
+    spec = entry.get("train_config", "") if hasattr(entry, "get") else ""
+    if path and spec and not run_dirs.trained(path):
+      train_once(name, path, spec)
+
+
+def train_once(name: str, path, spec: str) -> None:
+  """Trains `spec` (config file[:preset]) into `path`, resuming a run a kill interrupted.
+  Processes started together (experiments.seeds --parallel) take a file lock: one trains, the
+  others wait for it and then load its run."""
+  import fcntl
+  from rlrag_jax import config_base
   p = pathlib.Path(path).expanduser()
-  return (p / "checkpoints").is_dir() and (p / "model" / "config.json").exists()
-
-
-def load_trained(path, step: Optional[int] = None) -> LM:
-  """An `LM` from a run directory (its latest or given checkpoint) or from an HF checkpoint dir.
-
-  A run directory is what `run` writes: `model/` (config.json + tokenizer) and `checkpoints/`.
-  """
-  from rlrag_jax.checkpoint import CheckpointManager
-  p = pathlib.Path(path).expanduser()
-  if p.name == "checkpoints" and (p.parent / "model").is_dir():
-    p = p.parent
-  if is_run_dir(p):
-    cfg = ModelConfig.from_hf_file(p / "model" / "config.json")
-    mgr = CheckpointManager(p / "checkpoints", max_to_keep=None)
-    if mgr.latest_step() is None:
-      raise FileNotFoundError(f"{p / 'checkpoints'}: no checkpoint saved yet")
-    restored = mgr.restore(step=step)
-    mgr.close()
-    train = restored.state["train"]
-    params = train["params"] if isinstance(train, dict) else train.params
-    return LM(cfg, params, hf_io.load_tokenizer(p / "model"))
-  if (p / "config.json").exists():
-    return load_hf(p)
-  raise FileNotFoundError(f"{p}: neither a training run directory (model/ + checkpoints/) nor a "
-                          "Hugging Face checkpoint directory (config.json)")
+  p.parent.mkdir(parents=True, exist_ok=True)
+  with open(p.parent / f".{p.name}.lock", "w") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    if run_dirs.trained(p):
+      return
+    config = config_base.load_config_file(spec)
+    config.workdir = str(p)
+    log.info("auxiliary model %r: no trained run at %s; training it once with %s", name, p,
+             spec)
+    run(config, resume=True, progress=False)
 
 
 def task_for_checkpoint(config, path, step: Optional[int] = None) -> tuple:
   """(task, lm) for evaluating a trained checkpoint under `config`: the LM of `path` (as
-  `load_trained`), and the config's task built with that run's own tokenizer (a run directory)
-  or with the HF checkpoint as its model, its auxiliary models bound. Raises FileNotFoundError
-  (from `load_trained`) for a path that holds neither."""
+  `run_dirs.load_trained`), and the config's task built with that run's own tokenizer (a run
+  directory) or with the HF checkpoint as its model, its auxiliary models bound (trained first
+  where missing). Raises FileNotFoundError (from `run_dirs.load_trained`) for a path that holds
+  neither."""
   from rlrag_jax.models.sharding import make_mesh
   config_check.check(config)
-  lm = load_trained(path, step=step)
+  lm = run_dirs.load_trained(path, step=step)
   ckpt = pathlib.Path(path)
   if (ckpt / "model").is_dir():               # the run's own tokenizer
     config.workdir = str(ckpt)
   elif config.model.init == "hf" or (ckpt / "config.json").exists():
     config.model.init, config.model.path = "hf", str(ckpt)
   task = get_task(config.method, config)
-  aux_models.bind(task, aux_models.load(config.get("models"), make_mesh()))
+  train_missing(config.get("models"))
+  run_dirs.bind(task, run_dirs.load_models(config.get("models"), make_mesh()))
   return task, lm
-
-
-def checkpoint_policy(lm: LM, tokenizer, max_new_tokens: int, **sampling) -> Policy:
-  """A `Policy` over a loaded checkpoint: its params, its eos ids (else the tokenizer's) and the
-  tokenizer's pad id; `sampling` sets temperature / top_k / top_p."""
-  eos = tuple(lm.config.eos_token_id) or (
-      (tokenizer.eos_token_id,) if tokenizer.eos_token_id is not None else ())
-  return Policy(lm.config, lm.params, max_new_tokens=int(max_new_tokens), eos_ids=eos,
-                pad_id=tokenizer.pad_token_id or 0, **sampling)

@@ -8,6 +8,8 @@ import pytest
 from rlrag_jax import trainer
 from rlrag_jax.experiments import grad_noise
 from rlrag_jax.models import DecoderLM
+from rlrag_jax.rollout.policy import checkpoint_policy
+from stub_task import StubTask
 from test_train import tiny_config
 
 
@@ -81,7 +83,7 @@ def test_rl_gradient_is_the_group_relative_policy_gradient(tiny_run):
   config = tiny_config(work)
   config.rl.group_size = 4
   probe = grad_noise.Probe(config, lm, task.tokenizer.pad_token_id or 0, with_sft=False)
-  policy = trainer.checkpoint_policy(lm, task.tokenizer, config.rl.max_new_tokens)
+  policy = checkpoint_policy(lm, task.tokenizer, config.rl.max_new_tokens)
   episodes = task.rollout(policy, list(task.train)[:2], jax.random.PRNGKey(3), group_size=4)
   # Rewards that differ within each group (the tiny model's own rewards may all be equal).
   totals = [1.0, 0.0, 0.5, 2.0, 0.0, 0.0, 1.0, 3.0]
@@ -152,7 +154,7 @@ def test_ppo_measures_the_policy_gradient_with_a_fresh_critic(tiny_run):
   config = tiny_config(work)
   config.rl.algo, config.rl.group_size = "ppo", 4
   probe = grad_noise.Probe(config, lm, task.tokenizer.pad_token_id or 0, with_sft=False)
-  policy = trainer.checkpoint_policy(lm, task.tokenizer, config.rl.max_new_tokens)
+  policy = checkpoint_policy(lm, task.tokenizer, config.rl.max_new_tokens)
   episodes = task.rollout(policy, list(task.train)[:2], jax.random.PRNGKey(3), group_size=4)
   a = probe.rl_gradient(episodes, [{"total": t} for t in (1.0, 0, 0, 2, 0, 0, 1, 3)],
                         jax.random.PRNGKey(0))
@@ -183,12 +185,18 @@ def test_batch_group_takes_the_majority_value():
     grad_noise.batch_group(scores, "level")
 
 
-class _Levels:
+class _Levels(StubTask):
   """The tiny task with a `level` score field that alternates 0, 1, 0, … batch by batch."""
 
   def __init__(self, task, per_batch):
     self.task, self.per_batch, self.calls = task, per_batch, 0
     self.tokenizer, self.train = task.tokenizer, task.train
+
+  def prompt_ids(self, ex):
+    return self.task.prompt_ids(ex)
+
+  def sft_target_ids(self, ex):
+    return self.task.sft_target_ids(ex)
 
   def rollout(self, *a, **k):
     return self.task.rollout(*a, **k)
@@ -219,7 +227,7 @@ def test_measure_groups_batches_and_keeps_the_mean_gradient(tiny_run):
   assert "RL batches by level" in grad_noise.format_table(out)
 
 
-class _NormTask:
+class _NormTask(StubTask):
   """Each episode's reward is the norm of the parameters it was sampled with; the keys it was
   sampled with are recorded."""
 

@@ -7,6 +7,7 @@ from hf_tiny import load_reference, make_tiny_checkpoint
 from rlrag_jax.experiments import headroom
 from rlrag_jax.generate import byte_level_tokenizer
 from rlrag_jax.rollout.single_turn import single_turn
+from stub_task import StubTask
 
 
 def test_summarize_by_hand():
@@ -23,7 +24,7 @@ def test_summarize_rejects_a_bad_shape(bad):
     headroom.summarize(bad)
 
 
-class EvenFirstToken:
+class EvenFirstToken(StubTask):
   """Reward 1 when the first generated token id is even (plus a second, constant component)."""
 
   def __init__(self):
@@ -45,7 +46,7 @@ def test_headroom_matches_the_exact_first_token_distribution(tmp_path):
   import jax
   import torch
   from rlrag_jax.rollout.policy import Policy
-  from rlrag_jax.trainer import load_trained
+  from rlrag_jax.run_dirs import load_trained
   path = make_tiny_checkpoint(tmp_path, "qwen2", seed=3)
   task = EvenFirstToken()
   prompts = [f"q{i} say:" for i in range(12)]
@@ -97,7 +98,7 @@ class OneEpisodePerQuestion(EvenFirstToken):
 def test_a_rollout_without_groups_gets_each_question_k_times(tmp_path):
   import jax
   from rlrag_jax.rollout.policy import Policy
-  from rlrag_jax.trainer import load_trained
+  from rlrag_jax.run_dirs import load_trained
   lm = load_trained(str(make_tiny_checkpoint(tmp_path, "qwen2", seed=3)))
   policy = Policy(lm.config, lm.params, max_new_tokens=1, eos_ids=(2,), pad_id=0)
   prompts = [f"q{i} say:" for i in range(6)]

@@ -315,8 +315,9 @@ def test_a_dead_judge_stops_a_batch():
 def test_evaluation_reports_the_judge_calls_and_failures(server):
   from rlrag_jax import evaluation
   from rlrag_jax.tasks import Episode
+  from stub_task import StubTask
 
-  class Task:
+  class Task(StubTask):
     def rollout(self, policy, examples, rng, *, group_size, greedy):
       return [Episode(ex, [], [], [], ex.pred) for ex in examples]
 

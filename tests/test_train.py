@@ -7,7 +7,8 @@ import pytest
 
 from _deps import require
 from configs import arena
-from rlrag_jax import fingerprint, trainer
+from rlrag_jax import fingerprint, run_dirs, trainer
+from rlrag_jax.rollout.policy import checkpoint_policy
 from rlrag_jax.training import collection
 
 pytestmark = pytest.mark.slow
@@ -107,7 +108,7 @@ def test_run_writes_report_and_exports_a_transformers_checkpoint(tmp_path):
   ours = np.asarray(LM(res.model_config, res.params).logits(ids))
   np.testing.assert_allclose(ours, ref, atol=1e-4, rtol=1e-4)
   # And `export` from the run directory gives the same files' logits.
-  lm = trainer.load_trained(work)
+  lm = run_dirs.load_trained(work)
   np.testing.assert_allclose(np.asarray(lm.logits(ids)), ours, atol=1e-6)
 
 
@@ -177,7 +178,8 @@ def test_dynamic_sampling_keeps_groups_by_the_configured_key():
   config.rl.group_size, config.rl.prompts_per_step = 2, 2
   config.rl.dynamic_sampling, config.rl.dynamic_max_tries = True, 3
   # Draw 1: group A has a spread in 'total' but not in 'correct'; group B in both.
-  task = types.SimpleNamespace(reward=lambda ep, step: {"total": ep[1], "correct": ep[2]})
+  from stub_task import StubTask
+  task = StubTask(reward=lambda ep, step: {"total": ep[1], "correct": ep[2]})
   import itertools
   rl_iter = itertools.repeat(["x", "y"])
   for key_name, want in (("total", ["A", "A", "B", "B"]), ("correct", ["B", "B", "C", "C"])):
@@ -209,7 +211,7 @@ def test_a_run_starts_from_another_runs_weights_trained_once_by_its_config(tmp_p
   c.model.train_config = str(base_cfg)
   r = trainer._setup(c, None)
   assert (base / "eval_summary.json").exists()          # trained once, by its own config
-  lm = trainer.load_trained(base)
+  lm = run_dirs.load_trained(base)
   for a, b in zip(_leaves(r.params), _leaves(lm.params)):
     np.testing.assert_array_equal(a, b)
   assert r.task.tokenizer.get_vocab() == lm.tokenizer.get_vocab()
@@ -228,7 +230,7 @@ def test_a_run_directory_serves_the_checkpoint_tools(tmp_path):
   config.export_hf = False
   res = trainer.run(config, progress=False)
   task, lm = trainer.task_for_checkpoint(tiny_config(work), work)
-  policy = trainer.checkpoint_policy(lm, task.tokenizer, config.eval.max_new_tokens)
+  policy = checkpoint_policy(lm, task.tokenizer, config.eval.max_new_tokens)
   examples = list(task.eval)[: config.eval.num_examples]
   again = evaluation.evaluate(task, policy, examples, batch_size=config.eval.batch_size,
                               seed=config.seed, progress=False)

@@ -151,7 +151,7 @@ def _sft_rows(task, exs) -> tuple:
   """The SFT stage's rows (`stages.sft_rows`) for these examples: all their samples for a
   task with `sft_samples`, else their gold targets."""
   from rlrag_jax.training.stages import sft_rows
-  if hasattr(task, "sft_samples"):
+  if task.sft_samples is not None:
     items = [r for ex in exs for r in task.sft_samples(ex)]
     if not items:
       raise ValueError("grad_noise: the batch's questions have no SFT samples")
@@ -226,7 +226,7 @@ class Probe:
 def _rl_policy(lm, task, rl):
   """The policy the trainer's RL stage samples with (config section `rl`'s temperature, top-k,
   top-p) over the checkpoint's parameters."""
-  from rlrag_jax.trainer import checkpoint_policy
+  from rlrag_jax.rollout.policy import checkpoint_policy
   return checkpoint_policy(lm, task.tokenizer, rl.max_new_tokens,
                            temperature=float(rl.temperature), top_k=rl.top_k, top_p=rl.top_p)
 
@@ -255,8 +255,7 @@ def measure(task, lm, config, examples: Sequence, *, batches: int, rng,
     raise ValueError(f"grad_noise: --batches is {batches}; need at least 2")
   if len(examples) < n * batches:
     raise ValueError(f"grad_noise: {len(examples)} questions for {batches} batches of {n}")
-  has_sft = hasattr(task, "sft_samples") or hasattr(task, "sft_target_ids")
-  probe = Probe(config, lm, task.tokenizer.pad_token_id or 0, with_sft=has_sft)
+  probe = Probe(config, lm, task.tokenizer.pad_token_id or 0)
   policy = _rl_policy(lm, task, rl)
   batches_of = [list(examples[b * n:(b + 1) * n]) for b in range(len(examples) // n)]
   rl_iter = itertools.cycle(batches_of)   # dynamic sampling may draw several batches a step
@@ -275,9 +274,7 @@ def measure(task, lm, config, examples: Sequence, *, batches: int, rng,
       value = batch_group(scores, group_by)
       by_meter.setdefault(value, NoiseMeter()).add(grad)
       by_reward.setdefault(value, []).append(rewards[-1])
-    if has_sft:
-      exs = _examples_of(episodes)
-      sft_meter.add(probe.sft_gradient(*_sft_rows(task, exs)))
+    sft_meter.add(probe.sft_gradient(*_sft_rows(task, _examples_of(episodes))))
   out = {"rl": rl_meter.stats(), "sft": sft_meter.stats() if sft_meter.k else None,
          "reward": float(np.mean(rewards)), "reward_std": float(np.std(rewards)),
          "batch": {"prompts": n, "group_size": g, "episodes": float(np.mean(counts))}}

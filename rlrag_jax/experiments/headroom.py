@@ -126,7 +126,7 @@ def main(argv):
   del argv
   import jax
   from rlrag_jax.experiments import load_checkpoint, write_report
-  from rlrag_jax.trainer import checkpoint_policy
+  from rlrag_jax.rollout.policy import checkpoint_policy
   config = _CONFIG.value
   loaded = load_checkpoint("headroom", config, _CKPT.value, _STEP.value)
   if loaded is None:

@@ -76,3 +76,12 @@ class Policy:
       out += [(completion_ids(gen, r), gen.stopped_by[r]) for r in range(len(part))]
     return out, rng
 
+
+def checkpoint_policy(lm, tokenizer, max_new_tokens: int, **sampling) -> Policy:
+  """A `Policy` over a loaded checkpoint (an `LM`: `run_dirs.load_trained`): its params, its eos
+  ids (else the tokenizer's) and the tokenizer's pad id; `sampling` sets temperature / top_k /
+  top_p."""
+  eos = tuple(lm.config.eos_token_id) or (
+      (tokenizer.eos_token_id,) if tokenizer.eos_token_id is not None else ())
+  return Policy(lm.config, lm.params, max_new_tokens=int(max_new_tokens), eos_ids=eos,
+                pad_id=tokenizer.pad_token_id or 0, **sampling)

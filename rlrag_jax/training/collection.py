@@ -27,20 +27,19 @@ from rlrag_jax.rl import dynamic_sampling
 
 
 def score(task, episodes, step) -> list:
-  if hasattr(task, "rewards"):
-    out = list(task.rewards(episodes, step))
-    if len(out) != len(episodes):
-      raise ValueError(f"{type(task).__name__}.rewards returned {len(out)} reward dicts for "
-                       f"{len(episodes)} episodes")
-    return out
-  return [task.reward(e, step) for e in episodes]
+  """The reward dicts of `episodes` (`Task.rewards`: by default `reward` per episode)."""
+  out = list(task.rewards(episodes, step))
+  if len(out) != len(episodes):
+    raise ValueError(f"{type(task).__name__}.rewards returned {len(out)} reward dicts for "
+                     f"{len(episodes)} episodes")
+  return out
 
 
 def collect(task, policy, rl_iter, key, config, step) -> tuple:
   """(episodes, reward dicts, counters) for one RL step."""
   rl = config.rl
   g, want = int(rl.group_size), int(rl.prompts_per_step)
-  if hasattr(task, "collect"):
+  if task.collect is not None:        # the task collects its own rollouts
     if rl.dynamic_sampling:
       raise ValueError(f"config key 'rl.dynamic_sampling' is on, but the {config.method} task "
                        "collects its own rollouts (Task.collect); filter inside the hook")

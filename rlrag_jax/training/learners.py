@@ -43,29 +43,17 @@ from rlrag_jax.models import sharding
 from rlrag_jax.rl import advantages as adv_lib
 from rlrag_jax.rl import losses
 from rlrag_jax.rl import train_step as ts
+from rlrag_jax.rl.batching import (ALGOS, OUTCOME_ALGOS, check_algo, episode_unit,  # noqa: F401
+                                    equal_micro_batches, mini_batch_size, token_budget)
+from rlrag_jax.rl.batching import mini_batches as _mini_batches
 from rlrag_jax.rollout.batch import (logits_start, pack, pack_micro_batch, plan_micro_batches,
                                      put_rows, take_rows)
 
-OUTCOME_ALGOS = tuple(adv_lib.ADVANTAGE_ESTIMATORS)
-ALGOS = OUTCOME_ALGOS + ("ppo",)
 CRITICS = ("separate", "head", "tree_mc")
 # rl.kl_form: where rl.kl_beta's KL(policy || ref) acts: 'loss' (a term of the policy loss,
 # GRPO's form) or 'reward' (PPO only: -kl_beta * KL on every policy token's reward before GAE,
 # the OpenRLHF / InstructGPT form; the loss term is then off).
 KL_FORMS = ("loss", "reward")
-
-
-def check_algo(rl) -> str:
-  algo = rl.get("algo", "grpo")
-  if algo not in ALGOS:
-    raise ValueError(f"config key 'rl.algo' is {algo!r}; expected one of {ALGOS}")
-  return algo
-
-
-def mini_batch_size(rl) -> int:
-  """rl.ppo.mini_batch_size for PPO (episodes per update; 0: rl.ppo.mini_batches counts them),
-  else 0."""
-  return int(rl.ppo.mini_batch_size) if check_algo(rl) == "ppo" else 0
 
 
 def kl_form(rl) -> str:
@@ -76,19 +64,6 @@ def kl_form(rl) -> str:
     raise ValueError(f"config key 'rl.kl_form' is 'reward', which needs per-token rewards "
                      f"(rl.algo 'ppo'); rl.algo is {rl.algo!r}: use 'loss'")
   return form
-
-
-def _mini_batches(rl, episodes: int | None = None) -> int:
-  """Mini-batches per epoch: rl.ppo.mini_batches for PPO, or with rl.ppo.mini_batch_size
-  max(1, round(episodes / mini_batch_size)) of this step's episodes (Python's round:
-  half to even); else the whole batch."""
-  size = mini_batch_size(rl)
-  if size:
-    if episodes is None:
-      raise ValueError("config key 'rl.ppo.mini_batch_size' > 0: the mini-batch count follows "
-                       "each step's episode count; pass it")
-    return max(1, int(round(episodes / size)))
-  return int(rl.ppo.mini_batches) if check_algo(rl) == "ppo" else 1
 
 
 def updates_per_step(rl, episodes: int | None = None) -> int:
@@ -110,32 +85,6 @@ def schedule_length(rl, rl_steps: int) -> int:
   `schedule_by_rl_step`, else rl_steps x updates_per_step optimizer updates."""
   n = int(rl_steps) if schedule_by_rl_step(rl) else int(rl_steps) * updates_per_step(rl)
   return max(n, 2)
-
-
-def token_budget(section) -> int:
-  """`tokens_per_micro_batch` of config section `rl` or `sft` (0: off)."""
-  budget = int(section.get("tokens_per_micro_batch", 0))
-  if budget < 0:
-    raise ValueError(f"config key 'tokens_per_micro_batch' is {budget}; expected 0 (off) or a "
-                     "positive token count")
-  return budget
-
-
-def equal_micro_batches(section) -> int:
-  """The equal-split micro-batch count a step is built with: `micro_batches` of config
-  section `rl` or `sft`, or 1 when a token budget replaces them."""
-  return 1 if token_budget(section) else int(section.get("micro_batches", 1))
-
-
-def episode_unit(rl) -> int:
-  """The number a step's episode count must be a multiple of: rl.micro_batches in each of
-  the mini-batches (token-budget micro-batches pad their own rows: the mini-batches only).
-  A task that pads its own episode count (a `collect` hook) pads to a multiple of this.
-  With rl.ppo.mini_batch_size the mini-batches take any size (PPOLearner requires
-  rl.micro_batches 1 or a token budget then): 1."""
-  if mini_batch_size(rl):
-    return 1
-  return equal_micro_batches(rl) * _mini_batches(rl)
 
 
 def shard_count(mesh) -> int:

@@ -28,11 +28,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from rlrag_jax import judge, runlog
+from rlrag_jax.config_base import stage_runs
 from rlrag_jax.data.pipeline import BatchIterator
 from rlrag_jax.models import sharding
 from rlrag_jax.rollout.batch import (logits_start, pack, pack_micro_batch, packed_lengths,
                                      plan_micro_batches)
-from rlrag_jax.tasks import monitors_of
 from rlrag_jax.training import collection, early_stop, learners, report
 
 log = logging.getLogger("rlrag_jax.trainer")
@@ -131,7 +131,7 @@ class Run:
         data_position={**{name: it and it.state_dict() for name, it in self.iterators.items()},
                        # a task's own growing state (e.g. a training pool built from its
                        # rollouts), JSON, through optional state_dict / load_state_dict
-                       "task": task.state_dict() if hasattr(task, "state_dict") else None},
+                       "task": task.state_dict()},
         meta={"stage": stage, "before": self.before,
               "steps": {"sft": self.sft_total, "rl": self.rl_total},
               **({"early_stop": self.early.state_dict()} if self.early is not None else {})},
@@ -182,14 +182,18 @@ class Run:
 def sft_rows(task, items) -> tuple:
   """(prompts, targets, masks) of one SFT batch. `items` are (prompt, target, mask) samples
   for a task with `sft_samples` (a None mask trains on the whole target), else examples: the
-  task's prompt and gold target each, with `task.sft_loss_mask` where the task has one (0 on
-  target tokens the environment wrote), else masks None."""
-  if hasattr(task, "sft_samples"):
+  task's prompt and gold target each, with `task.sft_loss_mask` (0 on target tokens the
+  environment wrote); masks None when it gives none for the whole batch."""
+  if task.sft_samples is not None:
     prompts, targets, masks = (list(x) for x in zip(*items))
     return prompts, targets, [m if m is not None else [1] * len(t)
                               for m, t in zip(masks, targets)]
-  masks = [task.sft_loss_mask(ex) for ex in items] if hasattr(task, "sft_loss_mask") else None
-  return [task.prompt_ids(ex) for ex in items], [task.sft_target_ids(ex) for ex in items], masks
+  prompts = [task.prompt_ids(ex) for ex in items]
+  targets = [task.sft_target_ids(ex) for ex in items]
+  masks = [task.sft_loss_mask(ex) for ex in items]
+  if all(m is None for m in masks):
+    return prompts, targets, None
+  return prompts, targets, [m if m is not None else [1] * len(t) for m, t in zip(masks, targets)]
 
 
 def sft_batches(prompts, targets, masks, sft, pad_id: int, shards: int) -> list:
@@ -263,7 +267,7 @@ class RLStage:
       run.step += 1
       key = jax.random.fold_in(run.base_key, run.step)
       t0 = time.time()
-      endpoints = judge.Span(monitors_of(run.task))   # judge/..., reader/... of this step
+      endpoints = judge.Span(list(run.task.monitors()))   # judge/..., reader/... of this step
       episodes, scores, fill = collection.collect(
           run.task, run.policy.with_params(run.state.params), run.iterators["rl"], key, config,
           run.step)
@@ -339,12 +343,12 @@ def plan(config) -> list:
 
 # ------------------------------------------------------------------------------------ data
 def sft_samples(task, config) -> Optional[list]:
-  """With the optional `task.sft_samples(example) -> [(prompt_ids, target_ids, loss_mask or
-  None), ...]` hook (several SFT samples per example, e.g. one per agent role or turn), the
-  flattened samples of every training example; the SFT stage then batches samples, not
-  examples (and `sft.epochs` counts passes over them). None without the hook or when SFT does
-  not run."""
-  if not hasattr(task, "sft_samples") or not runs(config.sft):
+  """With the task's `sft_samples(example) -> [(prompt_ids, target_ids, loss_mask or None),
+  ...]` (several SFT samples per example, e.g. one per agent role or turn; `Task.sft_samples`
+  is None by default), the flattened samples of every training example; the SFT stage then
+  batches samples, not examples (and `sft.epochs` counts passes over them). None for a task
+  without it or when SFT does not run."""
+  if task.sft_samples is None or not stage_runs(config.sft):
     return None
   out = []
   for ex in task.train:
@@ -389,11 +393,6 @@ def stage_iterators(train, config, sft_items=None) -> tuple[Optional[BatchIterat
 
 # ------------------------------------------------------------------------------------ length
 BATCH_KEYS = {"sft": "batch_size", "rl": "prompts_per_step"}
-
-
-def runs(section) -> bool:
-  """Whether the stage of config section `sft` / `rl` trains: fixed steps or epochs above 0."""
-  return int(section.steps) > 0 or float(section.epochs) > 0
 
 
 def epoch_steps(items: int, global_batch: int, epochs: float) -> int:

@@ -20,7 +20,7 @@ def build_model(config, tokenizer) -> tuple:
   if m.init == "hf":
     if not m.path:
       raise ValueError("config key 'model.path' is empty but 'model.init' is 'hf'")
-    from rlrag_jax.trainer import is_run_dir, load_trained
+    from rlrag_jax.run_dirs import is_run_dir, load_trained
     if is_run_dir(m.path):
       lm = load_trained(m.path)
     else:

@@ -79,7 +79,7 @@ def test_self_instruct_keeps_correct_trajectories_and_sft_reads_them(chat, task,
   res = self_instruct.generate_trajectories(task, model, tmp_path / "t.jsonl", max_examples=3,
                                             batch=2)
   assert res["tried"] == 3 and res["kept"] == 2 and res["failed_requests"] == 0
-  calls = self_instruct.read_trajectories(tmp_path / "t.jsonl")
+  calls = prompts.read_trajectories(tmp_path / "t.jsonl")
   assert sorted(calls) == sorted(str(ex.id) for ex in exs[:2])
   first = calls[str(exs[0].id)]
   assert first[0][0].kind == "check" and first[-1] == (first[-1][0], exs[0].answers[0])
@@ -93,7 +93,7 @@ def test_self_instruct_keeps_correct_trajectories_and_sft_reads_them(chat, task,
   assert task.sft_samples(exs[2]) == []
   (tmp_path / "bad.jsonl").write_text('{"id": "x", "calls": [{"ask": {"kind": "dance"}}]}\n')
   with pytest.raises(ValueError, match="bad.jsonl:1"):
-    self_instruct.read_trajectories(tmp_path / "bad.jsonl")
+    prompts.read_trajectories(tmp_path / "bad.jsonl")
 
 
 def test_executor_generate_chunks_batches_and_guards_long_prompts(task):

@@ -39,7 +39,8 @@ def test_g2_verdicts():
 def test_evaluation_gains_g2_judge_accuracy_through_a_fake_endpoint():
   from chat_server import serve
   ex = types.SimpleNamespace(question="Who?", answers=["Ann"], id="x", source="hotpotqa")
-  task = types.SimpleNamespace(
+  from stub_task import StubTask
+  task = StubTask(
       eval_rollout=lambda policy, chunk, rng: [
           Episode(example=e, prompt_ids=[], completion_ids=[], loss_mask=[], text=p)
           for e, p in zip(chunk, ["Ann", "Bob"])],

@@ -4,7 +4,8 @@ import itertools
 import pytest
 
 from rlrag_jax.methods.r2ag import parsing, rewards
-from rlrag_jax.methods.r2ag.rewards import RewardConfig, average_precision, step_reward
+from rlrag_jax.methods.r2ag.rewards import RewardConfig, step_reward
+from rlrag_jax.metrics import average_precision
 
 CFG = RewardConfig()
 

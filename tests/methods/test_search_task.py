@@ -341,13 +341,13 @@ def test_batched_rewards_ask_the_judge_once_per_distinct_answer(task):
 
 # ---------------------------------------------------------------- reference pipelines
 def test_pipelines_with_a_scripted_policy(task):
-  from rlrag_jax.experiments import search_baselines
+  from rlrag_jax.methods.search import baselines
   exs = task.eval[:4]
   answer = lambda e: task.tokenizer(f"\n<reflect>r</reflect>\n<answer>{e.answers[0]}</answer>",
                                     add_special_tokens=False)["input_ids"] + [2]
   policy = ScriptedPolicy([[answer(e)] for e in exs])
   policy.prompts = [task.prompt_ids(e) for e in exs]
-  res = search_baselines.evaluate_pipelines(task, policy, exs,
+  res = baselines.evaluate_pipelines(task, policy, exs,
                                             pipelines=("no_retrieval", "naive_rag"))
   assert res["no_retrieval"]["world"] == pytest.approx(
       {"f1": 1.0, "em": 1.0, "accuracy": 1.0, "rc": 0.0, "format": 1.0, "n": 4})
@@ -367,7 +367,7 @@ def test_pipelines_with_a_scripted_policy(task):
 def test_pipelines_on_a_tiny_random_model(task):
   """The whole path with the real sampler: every pipeline runs, serves no search beyond what
   it allows, and its forced prefix is in place and masked."""
-  from rlrag_jax.experiments import search_baselines
+  from rlrag_jax.methods.search import baselines
   from rlrag_jax.models import DecoderLM, ModelConfig, init_params
   from rlrag_jax.rollout.policy import Policy
   tok = task.tokenizer
@@ -377,7 +377,7 @@ def test_pipelines_on_a_tiny_random_model(task):
   policy = Policy(cfg, init_params(DecoderLM(cfg), jax.random.PRNGKey(0)), max_new_tokens=12,
                   eos_ids=(tok.eos_token_id,))
   exs = task.eval[:4]
-  res = search_baselines.evaluate_pipelines(task, policy, exs)
+  res = baselines.evaluate_pipelines(task, policy, exs)
   assert set(res) == {"agent", "no_retrieval", "naive_rag"}
   for name in res:
     assert res[name]["world"]["n"] == 4

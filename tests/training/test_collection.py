@@ -1,13 +1,13 @@
 """Collecting a step's episodes: batched rewards, a task's own collect hook, dynamic sampling
 padded back to a fixed batch; per-token rewards and task-named groups in the learners."""
 import itertools
-import types
 
 import jax
 import numpy as np
 import pytest
 
 from configs import arena
+from stub_task import StubTask
 from rlrag_jax.rollout.batch import pack
 from rlrag_jax.tasks import Episode
 from rlrag_jax.training import collection, learners
@@ -28,7 +28,7 @@ def _config(**rl):
 def test_batched_rewards_are_asked_once_per_draw():
   calls = []
 
-  class Task:
+  class Task(StubTask):
     def rollout(self, policy, exs, key, group_size):
       return [_ep("a", 1.0), _ep("a", 0.0), _ep("b", 2.0), _ep("b", 2.0)]
 
@@ -45,7 +45,7 @@ def test_batched_rewards_are_asked_once_per_draw():
 
 
 def test_dynamic_sampling_pads_to_a_fixed_batch_with_silenced_groups():
-  task = types.SimpleNamespace(
+  task = StubTask(
       rollout=lambda policy, exs, key, group_size: [_ep("a", 1.0), _ep("a", 0.0),
                                                     _ep("f", 3.0), _ep("f", 3.0)],
       reward=lambda e, step: {"total": e.info["value"]})
@@ -60,7 +60,7 @@ def test_dynamic_sampling_pads_to_a_fixed_batch_with_silenced_groups():
 
 
 def test_a_task_collect_hook_replaces_the_rollout():
-  class Task:
+  class Task(StubTask):
     def collect(self, policy, exs, key, *, group_size, step):
       eps = [_ep("t", v) for v in (1.0, 0.0, 5.0)]
       for e, g in zip(eps, (7, 7, 9)):
@@ -98,7 +98,7 @@ def test_token_rewards_land_on_their_completion_tokens():
 def test_dynamic_sampling_with_every_group_flat_trains_on_the_last_draw():
   draws = iter([[_ep("p", 1.0), _ep("p", 1.0), _ep("q", 0.0), _ep("q", 0.0)],
                 [_ep("r", 2.0), _ep("r", 2.0), _ep("s", 0.0), _ep("s", 0.0)]])
-  task = types.SimpleNamespace(rollout=lambda policy, exs, key, group_size: next(draws),
+  task = StubTask(rollout=lambda policy, exs, key, group_size: next(draws),
                                reward=lambda e, step: {"total": e.info["value"]})
   c = _config(dynamic_sampling=True, dynamic_max_tries=2)
   eps, _, fill = collection.collect(task, None, itertools.repeat(["x", "y"]),

@@ -8,6 +8,7 @@ import ml_collections
 import pytest
 
 from rlrag_jax.tasks import Episode
+from stub_task import StubTask
 from rlrag_jax.training import collection, early_stop, stages
 
 
@@ -52,7 +53,7 @@ def _run(metric_values, *, val_every, patience, rl_steps):
       state, critic, {"loss": 0.0}))
   policy = types.SimpleNamespace(with_params=lambda p: policy)
   run = stages.Run(
-      config=config, task=types.SimpleNamespace(), workdir=None, model_cfg=None, mesh=None,
+      config=config, task=StubTask(), workdir=None, model_cfg=None, mesh=None,
       steps=None, learner=learner, ckpt=None, rlog=_Log(), policy=policy, eval_policy=policy,
       eval_examples=["e1"], iterators={"rl": None}, evaluate_fn=evaluate_fn,
       base_key=jax.random.PRNGKey(0), pad=0, state=types.SimpleNamespace(params=None),

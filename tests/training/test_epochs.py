@@ -3,14 +3,13 @@
 import pytest
 
 from rlrag_jax import config_base
+from stub_task import StubTask
 from rlrag_jax.training import stages
 
 
-class StubTask:
+class SamplesTask(StubTask):
   """Two training examples of five SFT samples (model calls) each: 10 samples."""
-
-  def __init__(self):
-    self.train = ["q1", "q2"]
+  train = ["q1", "q2"]
 
   def sft_samples(self, ex):
     return [([1, 2], [3, 4, 5], None) for _ in range(5)]
@@ -32,7 +31,7 @@ def test_epoch_steps_round_the_samples_up_to_whole_steps():
 
 
 def test_sft_epochs_count_samples_not_examples_and_rl_epochs_count_prompts():
-  task = StubTask()
+  task = SamplesTask()
   c = _config(sft=dict(epochs=3.0, batch_size=4), rl=dict(epochs=1.5, prompts_per_step=1))
   items = stages.sft_samples(task, c)               # sft.steps is 0: epochs alone make SFT run
   assert len(items) == 10

@@ -13,11 +13,12 @@ from hf_tiny import make_tiny_checkpoint
 from rlrag_jax import config_base, trainer
 from rlrag_jax.generate import byte_level_tokenizer
 from rlrag_jax.rollout.single_turn import single_turn
+from rlrag_jax.tasks import Task
 
 pytestmark = pytest.mark.slow
 
 
-class EvenFirstByte:
+class EvenFirstByte(Task):
   """Reward 1 when the first generated token is an even byte, else 0 (about 1/2 at random)."""
   name = "even_first_byte"
 

@@ -11,16 +11,16 @@ import numpy as np
 import pytest
 
 from hf_tiny import make_tiny_checkpoint
-from rlrag_jax import config_base, trainer
+from rlrag_jax import config_base, run_dirs, trainer
 from rlrag_jax.generate import byte_level_tokenizer
 from rlrag_jax.rollout import tree
 from rlrag_jax.rollout.single_turn import completion_ids, single_turn
-from rlrag_jax.tasks import Episode
+from rlrag_jax.tasks import Episode, Task
 
 pytestmark = pytest.mark.slow
 
 
-class ToyTreeTask:
+class ToyTreeTask(Task):
   name = "toy_tree"
 
   def __init__(self, config):
@@ -145,7 +145,7 @@ def test_toy_tree_task_trains_with_ppo_and_a_frozen_reader(tmp_path, monkeypatch
   c.sft.update(dict(steps=1, batch_size=4, pack_bucket=8))
   c.checkpoint.every = 1
   c.export_hf = False
-  before = trainer.load_trained(c.model.path).params
+  before = run_dirs.load_trained(c.model.path).params
   # Killed after the first RL step (global step 2), then resumed: the pool comes back.
   assert trainer.run(c, progress=False, stop_after=2) is None
   pool_at_kill = [list(x) for x in made[-1].pool]

@@ -149,7 +149,7 @@ def make_plans(planner: str, step: Optional[int], questions, max_new_tokens: int
   from rlrag_jax.methods.apex import plans
   from rlrag_jax.methods.apex.task import planner_prompt_ids
   from rlrag_jax.rollout.single_turn import completion_ids, decode_keeping_tags
-  from rlrag_jax.trainer import load_trained
+  from rlrag_jax.run_dirs import load_trained
   pc = _run_config(planner)
   if step == 0 and pc.model.init == "hf" and int(pc.sft.steps) == 0:
     lm = load_trained(pc.model.path)
@@ -219,7 +219,7 @@ def run_pipeline(planner: str, executor: str, out, *, executor_base: str = "",
     raise ValueError(f"--cells: unknown {sorted(unknown)}; expected some of {list(CELLS)}")
   from rlrag_jax.methods.apex import sepr
   from rlrag_jax.methods.apex.task import gold_plan
-  from rlrag_jax.trainer import load_trained
+  from rlrag_jax.run_dirs import load_trained
   out = pathlib.Path(out)
   (out / "traces").mkdir(parents=True, exist_ok=True)
   task = executor_task(executor, out, config_file, data, num_examples=num_examples)

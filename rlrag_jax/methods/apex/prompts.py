@@ -17,6 +17,8 @@ continue: stop), an empty query falls back to the sub-question itself, an empty 
 from __future__ import annotations
 
 import dataclasses
+import json
+import pathlib
 import re
 from typing import Optional, Sequence
 
@@ -132,3 +134,36 @@ def repeats(query: str, tried: Sequence[str]) -> bool:
   """True when `query` equals an earlier query up to case and punctuation."""
   n = normalized(query)
   return any(n == normalized(t) for t in tried)
+
+
+# ------------------------------------------------ trajectory files (self_instruct.py writes them)
+def ask_to_dict(ask) -> dict:
+  d = dataclasses.asdict(ask)
+  d.pop("target", None)
+  return d
+
+
+def ask_from_dict(d: dict):
+  if d.get("kind") not in KINDS:
+    raise ValueError(f"unknown kind {d.get('kind')!r}; expected one of {KINDS}")
+  return Ask(kind=d["kind"], question=str(d["question"]),
+             knowledge=tuple(tuple(map(str, kv)) for kv in d.get("knowledge", ())),
+             passages=tuple(tuple(map(str, tp)) for tp in d.get("passages", ())),
+             tried=tuple(map(str, d.get("tried", ()))), hop=int(d.get("hop", 0)),
+             max_hops=int(d.get("max_hops", 0)))
+
+
+def read_trajectories(path) -> dict:
+  """{example id: [(Ask, output), ...]} from a file self_instruct.py wrote; errors name the
+  line."""
+  p = pathlib.Path(path)
+  out = {}
+  for n, line in enumerate(p.read_text().splitlines(), 1):
+    if not line.strip():
+      continue
+    try:
+      rec = json.loads(line)
+      out[str(rec["id"])] = [(ask_from_dict(c["ask"]), str(c["output"])) for c in rec["calls"]]
+    except (ValueError, KeyError, TypeError) as e:
+      raise ValueError(f"{p}:{n}: {e}") from None
+  return out

@@ -25,6 +25,8 @@ import sys
 from absl import app, flags
 from ml_collections import config_flags
 
+from rlrag_jax.methods.apex.prompts import ask_to_dict
+
 def define_flags() -> None:
   """The command's flags (defined only when run as a command: importing defines none)."""
   global _CONFIG, _URL, _MODEL, _OUT, _WORKERS, _MAX, _BATCH
@@ -63,23 +65,6 @@ class EndpointModel:
       return list(pool.map(self.one, asks))
 
 
-def ask_to_dict(ask) -> dict:
-  d = dataclasses.asdict(ask)
-  d.pop("target", None)
-  return d
-
-
-def ask_from_dict(d: dict):
-  from rlrag_jax.methods.apex.prompts import KINDS, Ask
-  if d.get("kind") not in KINDS:
-    raise ValueError(f"unknown kind {d.get('kind')!r}; expected one of {KINDS}")
-  return Ask(kind=d["kind"], question=str(d["question"]),
-             knowledge=tuple(tuple(map(str, kv)) for kv in d.get("knowledge", ())),
-             passages=tuple(tuple(map(str, tp)) for tp in d.get("passages", ())),
-             tried=tuple(map(str, d.get("tried", ()))), hop=int(d.get("hop", 0)),
-             max_hops=int(d.get("max_hops", 0)))
-
-
 def generate_trajectories(task, model, out, *, max_examples: int = 0, batch: int = 64) -> dict:
   """Runs the gold plans of `task.train` with `model`; writes the correct trajectories."""
   from tqdm.auto import tqdm
@@ -105,21 +90,6 @@ def generate_trajectories(task, model, out, *, max_examples: int = 0, batch: int
       bar.update(len(chunk))
   return {"tried": len(examples), "kept": kept, "requests": model.requests,
           "failed_requests": model.failures, "out": str(out)}
-
-
-def read_trajectories(path) -> dict:
-  """{example id: [(Ask, output), ...]} from a file this command wrote; errors name the line."""
-  p = pathlib.Path(path)
-  out = {}
-  for n, line in enumerate(p.read_text().splitlines(), 1):
-    if not line.strip():
-      continue
-    try:
-      rec = json.loads(line)
-      out[str(rec["id"])] = [(ask_from_dict(c["ask"]), str(c["output"])) for c in rec["calls"]]
-    except (ValueError, KeyError, TypeError) as e:
-      raise ValueError(f"{p}:{n}: {e}") from None
-  return out
 
 
 def main(argv) -> int:

@@ -13,21 +13,20 @@ from __future__ import annotations
 import logging
 from typing import Sequence
 
-from rlrag_jax import metrics
+from rlrag_jax import config_base, metrics
 from rlrag_jax.data import sources
 from rlrag_jax.methods.apex import executor, plans, prompts, rewrite, sepr
 from rlrag_jax.retrieval import from_config
 from rlrag_jax.retrieval.query_cache import QueryEmbeddings
 from rlrag_jax.rollout.single_turn import decode_keeping_tags, single_turn
-from rlrag_jax.tasks import Episode
-from rlrag_jax.training import stages
+from rlrag_jax.tasks import Episode, Task
 
 ROLES = ("planner", "executor")
 PLAN_CUE = "Plan:\n"
 log = logging.getLogger("rlrag_jax.apex")
 
 
-class PlannerTask:
+class PlannerTask(Task):
   """The planning agent: one single-turn rollout per question, SEPR against the gold plan."""
   name = "apex"
 
@@ -163,7 +162,7 @@ def planner_prompt_ids(tokenizer, question: str, max_steps: int, style: str,
                    add_special_tokens=False)["input_ids"]
 
 
-class ExecutorTask:
+class ExecutorTask(Task):
   """The execution agent: SFT on oracle trajectories of Algorithm 2; held-out EM/F1 of executing
   the gold plans (the executor alone; the planner's plans are pipeline.py's)."""
   name = "apex"
@@ -178,7 +177,7 @@ class ExecutorTask:
                    ("top_k", self.top_k)):
       if v < 1:
         raise ValueError(f"config key 'apex.{key}' is {v}; expected >= 1")
-    if stages.runs(config.rl):
+    if config_base.stage_runs(config.rl):
       raise ValueError(f"config keys 'rl.steps' / 'rl.epochs' are {config.rl.steps} / "
                        f"{config.rl.epochs}: the APEX executor is trained by SFT only (the "
                        "paper's design); set both to 0")
@@ -186,7 +185,7 @@ class ExecutorTask:
     sel = sources.select(config.data, seed=config.seed)
     self.train = [ex for ex in sel.train if _gold_fits(ex, self.max_steps)]
     self.eval = list(sel.eval)
-    if not self.train and stages.runs(config.sft):
+    if not self.train and config_base.stage_runs(config.sft):
       raise ValueError("apex executor: no training example has a gold decomposition of at most "
                        f"apex.max_steps={self.max_steps} steps")
     self.corpus = from_config.corpus_for(config, sel)
@@ -249,8 +248,7 @@ class ExecutorTask:
     if self._calls is None:
       path = self.config.apex.get("trajectories", "")
       if path:
-        from rlrag_jax.methods.apex import self_instruct
-        self._calls = self_instruct.read_trajectories(path)
+        self._calls = prompts.read_trajectories(path)
         log.info("apex executor: %d trajectories from %s", len(self._calls), path)
       else:
         self._calls = {k: t.calls for k, t in self.oracle_traces().items()}

@@ -10,6 +10,7 @@ from rlrag_jax import metrics
 from rlrag_jax.data import sources
 from rlrag_jax.methods.arena import parsing, prompts, rewards, sft
 from rlrag_jax.rollout.single_turn import decode_keeping_tags, single_turn
+from rlrag_jax.tasks import Task
 
 SPECIAL_TOKENS = ("<relevance>", "</relevance>", "<analysis>", "</analysis>", "<answer>",
                   "</answer>")
@@ -21,7 +22,7 @@ log = logging.getLogger("rlrag_jax.arena")
 REWARD_WEIGHTS = ("w_format", "w_accuracy", "w_relevance", "bonus_value")
 
 
-class ArenaTask:
+class ArenaTask(Task):
   name = "arena"
   judge_prompt = judge_lib.JudgePrompt(prompts.JUDGE_TEMPLATE)     # the paper's Table 6
 

@@ -28,6 +28,7 @@ import dataclasses
 from typing import Iterable, Sequence
 
 from rlrag_jax.methods.r2ag.parsing import Step
+from rlrag_jax.metrics import average_precision
 
 WEIGHTINGS = ("eq5", "sum")
 NO_THINK, TRUNCATED, EARLY_STOP = 1, 2, 3
@@ -58,21 +59,6 @@ class RewardConfig:
       raise ValueError(f"config section 'r2ag.reward': unknown keys {unknown}; expected "
                        f"{sorted(fields)}")
     return cls(**dict(section))
-
-
-def average_precision(ranked: Sequence[str], gold: Iterable[str]) -> float:
-  """AP of a ranked document list against the gold set, normalised by |gold| (missed gold
-  documents count as zero precision); a repeated document counts as a miss."""
-  gold = set(gold)
-  if not gold:
-    return 0.0
-  hits, seen, total = 0, set(), 0.0
-  for u, d in enumerate(ranked, 1):
-    if d in gold and d not in seen:
-      hits += 1
-      total += hits / u
-    seen.add(d)
-  return total / len(gold)
 
 
 def _flat(per_query: Sequence[Sequence[str]]) -> list:

@@ -22,14 +22,13 @@ from typing import Sequence
 
 import numpy as np
 
-from rlrag_jax import metrics
+from rlrag_jax import config_base, metrics
 from rlrag_jax.data import sources
 from rlrag_jax.methods.r2ag import forest as forest_lib
 from rlrag_jax.methods.r2ag import inference, parsing, prompts, rewards
 from rlrag_jax.retrieval.corpus_search import CorpusSearch
 from rlrag_jax.rollout.single_turn import completion_ids, decode_keeping_tags
-from rlrag_jax.tasks import Episode
-from rlrag_jax.training import stages
+from rlrag_jax.tasks import Episode, Task
 
 ROLES = ("steering", "generator")
 SPECIAL_TOKENS = ("<think>", "</think>", "<base-Q>", "</base-Q>", "<predicted-Q>",
@@ -52,7 +51,7 @@ def _with_gold(sel_examples) -> list:
   return [ex for ex in sel_examples if getattr(ex, "gold_ids", None)]
 
 
-class SteeringTask:
+class SteeringTask(Task):
   name = "r2ag"
   # Appendix G.2's LLM accuracy: with eval.judge_url set, evaluations gain a 'judge' column
   # (the main tree's generator answer judged against the gold answers); off by default.
@@ -378,10 +377,10 @@ def parse_t_by_dataset(entries) -> dict:
 def retrieval_metrics(docs: Sequence[str], gold: Sequence[str]) -> dict:
   """One question's retrieval columns of the report from its retrieved `docs` (in the order they
   were first retrieved) and its gold ids: recall (the share of gold found), full_recall (1 when
-  all were), at_k (documents retrieved) and map (`rewards.average_precision`)."""
+  all were), at_k (documents retrieved) and map (`metrics.average_precision`)."""
   found = len(set(docs) & set(gold))
   return {"recall": found / max(1, len(gold)), "full_recall": float(found == len(gold)),
-          "at_k": float(len(docs)), "map": rewards.average_precision(docs, gold)}
+          "at_k": float(len(docs)), "map": metrics.average_precision(docs, gold)}
 
 
 def later_step_counts(outputs, gold) -> dict:
@@ -415,7 +414,7 @@ def _silence(episodes) -> list:
                               info={**e.info, "padding": True}) for e in episodes]
 
 
-class GeneratorTask:
+class GeneratorTask(Task):
   """The frozen generator of the CPU default: SFT on gold documents among distractors."""
   name = "r2ag"
 
@@ -427,7 +426,7 @@ class GeneratorTask:
     self.distractors = int(r.generator_distractors)
     sel = sources.select(config.data, seed=config.seed)
     self.train, self.eval = _with_gold(sel.train), _with_gold(sel.eval)
-    if stages.runs(config.rl):
+    if config_base.stage_runs(config.rl):
       raise ValueError(f"config keys 'rl.steps' / 'rl.epochs' are {config.rl.steps} / "
                        f"{config.rl.epochs}: the r2ag generator is trained by SFT only; set "
                        "both to 0")

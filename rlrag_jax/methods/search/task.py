@@ -31,7 +31,7 @@ SFT mix (warm-up targets; see `sft_target_ids`):
   recalled answer is right). With an instruct LLM (':paper') SFT is off and the policy's own
   knowledge decides.
 
-Reference pipelines (`rollout(..., pipeline=...)`, used by `experiments.search_baselines`):
+Reference pipelines (`rollout(..., pipeline=...)`, used by `baselines.py`):
   'no_retrieval' forces the opening "<think>I know this.</think>" and allows no search;
   'naive_rag' forces one search for the question itself with its top `eval.naive_k` passages,
   then lets the model reflect and answer, with no further search.
@@ -52,7 +52,7 @@ from rlrag_jax.methods.search import parsing, prompts, rewards
 from rlrag_jax.retrieval import from_config
 from rlrag_jax.retrieval.query_cache import QueryEmbeddings
 from rlrag_jax.rollout import Observation, run_tool_loop, truncate_observation
-from rlrag_jax.tasks import Episode
+from rlrag_jax.tasks import Episode, Task
 
 log = logging.getLogger("rlrag_jax.search")
 
@@ -85,7 +85,7 @@ class SearchEnv:
     return out
 
 
-class SearchTask:
+class SearchTask(Task):
   name = "search"
   # The paper's "Instruction for Judge LLM" (B.4), with yes/no read case-insensitively.
   judge_prompt = judge_lib.JudgePrompt(prompts.JUDGE_TEMPLATE)
@@ -386,9 +386,9 @@ class SearchTask:
 
   def report(self, workdir, rlog) -> None:
     """Accuracy-vs-RC curves across training and, with `eval.baselines`, the agent against the
-    two reference pipelines on the held-out examples (see experiments.search_baselines)."""
-    from rlrag_jax.experiments import search_baselines
-    search_baselines.write_report(self, workdir, rlog)
+    two reference pipelines on the held-out examples (see baselines.py)."""
+    from rlrag_jax.methods.search import baselines
+    baselines.write_report(self, workdir, rlog)
 
 
 # -------------------------------------------------------------------------------- helpers

@@ -98,7 +98,7 @@ def lm_ask(path: str, max_tokens: int = 256) -> Callable:
   import jax
   from rlrag_jax.rollout.policy import Policy
   from rlrag_jax.rollout.single_turn import decode_keeping_tags
-  from rlrag_jax.trainer import load_trained
+  from rlrag_jax.run_dirs import load_trained
   lm = load_trained(path)
   tok = lm.tokenizer
   pol = Policy(lm.config, lm.params, max_new_tokens=int(max_tokens),

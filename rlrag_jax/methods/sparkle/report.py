@@ -8,6 +8,10 @@ import pathlib
 
 from rlrag_jax import runlog
 
+# The evaluated variants: (metric prefix, label); the task evaluates each, the report tabulates.
+VARIANTS = (("llm_", "reader alone (no retrieval)"), ("naive_", "naive RAG"),
+            ("", "SPARKLE"))
+
 COLUMNS = (("f1", "F1"), ("em", "EM"), ("recall", "Recall"), ("retrievals", "Retr"),
            ("steps", "Steps"), ("answered", "Answered"), ("latency_s", "s/q"))
 
@@ -26,7 +30,6 @@ def rows_of(summary: dict, checkpoint: str, variants, recall_cols) -> list:
 
 
 def write(task, workdir: pathlib.Path) -> str:
-  from rlrag_jax.methods.sparkle.task import VARIANTS
   summary = json.loads((workdir / "eval_summary.json").read_text())
   after = summary["after"]
   k = task.agent_cfg.recall_k

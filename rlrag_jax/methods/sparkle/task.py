@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import pathlib
 import random
@@ -23,15 +24,16 @@ import time
 
 import numpy as np
 
-from rlrag_jax import metrics
+from rlrag_jax import config_base, metrics
 from rlrag_jax.data import sources
 from rlrag_jax.methods.sparkle import agent as agent_lib
 from rlrag_jax.methods.sparkle import parsing, prompts, readers, rewards
+from rlrag_jax.methods.sparkle.report import VARIANTS
 from rlrag_jax.methods.sparkle.triples import TripleStore
 from rlrag_jax.retrieval.corpus_search import CorpusSearch
+from rlrag_jax.rl import batching
 from rlrag_jax.rollout.single_turn import decode_keeping_tags
-from rlrag_jax.tasks import Episode
-from rlrag_jax.training import learners, stages
+from rlrag_jax.tasks import Episode, Task
 
 ROLES = ("proxy", "reader")
 ROLLOUTS = ("tree", "standard")
@@ -51,9 +53,29 @@ def split_validation(train: list, fraction: float, seed: int) -> tuple:
   held = set(random.Random(seed).sample(range(len(train)), n_valid))
   return ([ex for i, ex in enumerate(train) if i not in held],
           [ex for i, ex in enumerate(train) if i in held])
-VARIANTS = (("llm_", "reader alone (no retrieval)"), ("naive_", "naive RAG"),
-            ("", "SPARKLE"))
 log = logging.getLogger("rlrag_jax.sparkle")
+
+
+def read_trajectories(path) -> dict:
+  """{example id: [(role, prompt, target)]} of the correct trajectories in a file that
+  trajectories.py wrote; a malformed line names file and line."""
+  out = {}
+  p = pathlib.Path(path).expanduser()
+  if not p.exists():
+    raise FileNotFoundError(f"config key 'sparkle.sft_trajectories': {p} does not exist (write "
+                            "it with python -m rlrag_jax.methods.sparkle.trajectories)")
+  for n, line in enumerate(p.read_text().splitlines(), start=1):
+    if not line.strip():
+      continue
+    try:
+      row = json.loads(line)
+      if row["correct"]:
+        out[str(row["id"])] = [(str(s["role"]), str(s["prompt"]), str(s["target"]))
+                               for s in row["samples"]]
+    except (ValueError, KeyError, TypeError) as e:
+      raise ValueError(f"{p}:{n}: expected {{'id', 'correct', 'samples': [{{'role', 'prompt', "
+                       f"'target'}}]}} ({e})") from None
+  return out
 
 
 def _plan(env: CorpusSearch, ex):
@@ -70,7 +92,6 @@ def _load_triples(path: str) -> dict:
   """{doc id: [(head, relation, tail)]} from extract_triples' JSONL file ('' = none)."""
   if not path:
     return {}
-  import json
   out = {}
   p = pathlib.Path(path).expanduser()
   if not p.exists():
@@ -147,7 +168,7 @@ def knowledge_graph(env: CorpusSearch, train, triples_file: str = "",
   return out
 
 
-class ProxyTask:
+class ProxyTask(Task):
   name = "sparkle"
 
   def __init__(self, config, encoder=None):
@@ -367,8 +388,7 @@ class ProxyTask:
     if self._sft is None:
       path = self.config.sparkle.get("sft_trajectories", "")
       if path:
-        from rlrag_jax.methods.sparkle import trajectories
-        got = trajectories.read(path)
+        got = read_trajectories(path)
         self._sft = {k: [(self.role_prompt_ids(role, p), self.target_ids(t), None)
                          for role, p, t in v] for k, v in got.items()}
         self.sft_counts = {"examples": len(self.train), "oracle": len(got), "kept": len(got),
@@ -450,7 +470,7 @@ class ProxyTask:
                               info={"group": -1, "role": "rd", "padding": True,
                                     "baseline": 0.0}))
       scores.append({"total": 0.0, **{f"is_{r}": 0.0 for r in agent_lib.ROLES}, **stats})
-    unit = learners.episode_unit(self.config.rl)    # the smallest multiple of it >= 8
+    unit = batching.episode_unit(self.config.rl)    # the smallest multiple of it >= 8
     want = geometric_round(len(episodes), unit * -(-8 // unit), per_octave=2)
     for k in range(want - len(episodes)):
       e = episodes[k % len(episodes)]
@@ -539,7 +559,7 @@ class ProxyTask:
     report.write(self, pathlib.Path(workdir))
 
 
-class ReaderTask:
+class ReaderTask(Task):
   """The frozen reader of the CPU default: SFT on the oracle reader's next thought."""
   name = "sparkle"
 
@@ -547,7 +567,7 @@ class ReaderTask:
     self.config = config
     s = config.sparkle
     self.style = config.data.prompt_style
-    if stages.runs(config.rl):
+    if config_base.stage_runs(config.rl):
       raise ValueError(f"config keys 'rl.steps' / 'rl.epochs' are {config.rl.steps} / "
                        f"{config.rl.epochs}: the sparkle reader is trained by SFT only; set "
                        "both to 0")

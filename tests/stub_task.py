@@ -1,0 +1,32 @@
+"""A `Task` for tests that exercise one part of the engine: the members the test gives (as
+keyword arguments, or by overriding in a subclass) plus `Task`'s defaults; a required method
+the test did not give raises when called."""
+from rlrag_jax.tasks import Task
+
+
+class StubTask(Task):
+  name = "stub"
+  tokenizer = None
+  train = eval = ()
+
+  def __init__(self, **members):
+    for key, value in members.items():
+      setattr(self, key, value)
+
+  def _missing(self, member):
+    raise NotImplementedError(f"{type(self).__name__}: this test gave no {member}")
+
+  def prompt_ids(self, example):
+    self._missing("prompt_ids")
+
+  def sft_target_ids(self, example):
+    self._missing("sft_target_ids")
+
+  def rollout(self, policy, examples, rng, *, group_size=1, greedy=False):
+    self._missing("rollout")
+
+  def reward(self, episode, step=0):
+    self._missing("reward")
+
+  def eval_metrics(self, episode):
+    self._missing("eval_metrics")
