@@ -141,22 +141,29 @@ def test_tree_mc_advantage_is_the_return_minus_the_parent_value():
     learner.update(fresh(), None, eps, scores, None, jax.random.PRNGKey(4))
 
 
-def test_ppo_mini_batches_visit_every_episode_once_per_epoch():
-  mesh = sharding.make_mesh(data=1, fsdp=1, tensor=1)
-  c = _config("ppo", mini_batches=2)
-  c.rl.mu = 3
+def _recording_learner(c, mesh):
+  """(steps, PPO learner, seen): the policy step records each mini-batch's rows by their last
+  token and checks it was given the sampling policy's log-probs (mu > 1); no critic update."""
   steps = trainer.Steps(c, CFG, mesh, 0, 2)
   learner = learners.make_learner(c, steps, mesh, CFG, pad_id=0)
   seen = []
 
   def fake_step(state, batch, start):
-    assert "old_logp" in batch        # three epochs: the sampling policy's log-probs
+    assert "old_logp" in batch
     ids, attn = np.asarray(batch["input_ids"]), np.asarray(batch["attention_mask"])
     last = attn.shape[1] - 1 - np.argmax(attn[:, ::-1], axis=1)
     seen.append(ids[np.arange(len(ids)), last].tolist())
     return state, {"loss": 0.0}
   steps.rl_step = fake_step
   learner.value_step = lambda st, batch, start: (st, {"loss": 0.0})
+  return steps, learner, seen
+
+
+def test_ppo_mini_batches_visit_every_episode_once_per_epoch():
+  mesh = sharding.make_mesh(data=1, fsdp=1, tensor=1)
+  c = _config("ppo", mini_batches=2)
+  c.rl.mu = 3
+  steps, learner, seen = _recording_learner(c, mesh)
   params = init_params(steps.module, jax.random.PRNGKey(0))
   state = steps.new_state(params, "rl")
   critic = learner.init_critic(state.params, jax.random.PRNGKey(1))
@@ -335,18 +342,7 @@ def test_ppo_mini_batch_size_splits_each_epoch_by_episode_count():
   mesh = sharding.make_mesh(data=1, fsdp=1, tensor=1)
   c = _config("ppo", mini_batch_size=2)
   c.rl.mu = 2
-  steps = trainer.Steps(c, CFG, mesh, 0, 2)
-  learner = learners.make_learner(c, steps, mesh, CFG, pad_id=0)
-  seen = []
-
-  def fake_step(state, batch, start):
-    assert "old_logp" in batch
-    ids, attn = np.asarray(batch["input_ids"]), np.asarray(batch["attention_mask"])
-    last = attn.shape[1] - 1 - np.argmax(attn[:, ::-1], axis=1)
-    seen.append(ids[np.arange(len(ids)), last].tolist())
-    return state, {"loss": 0.0}
-  steps.rl_step = fake_step
-  learner.value_step = lambda st, batch, start: (st, {"loss": 0.0})
+  steps, learner, seen = _recording_learner(c, mesh)
   state = steps.new_state(init_params(steps.module, jax.random.PRNGKey(0)), "rl")
   critic = learner.init_critic(state.params, jax.random.PRNGKey(1))
   eps = _episodes() + [Episode(example=None, prompt_ids=[8, 9], completion_ids=[19, 20],
