@@ -34,14 +34,15 @@ def get_config(arg: str = ""):
     c.sparkle.role = "reader"
     c.models = ml_collections.ConfigDict()
     c.stages = ("sft",)
-    c.rl.steps = 0
-    c.rl.algo = "grpo"
+    c.rl.steps = c.rl.epochs = 0         # SFT only (the proxy's preset counts RL epochs)
+    c.rl.algo, c.rl.kl_form = "grpo", "loss"      # no RL: the learner is never stepped
     # Walks need a gold decomposition: examples without one are left out (logged).
     c.data.mix = ("2wiki:train", "musique:train")
     # The reader's own held-out check (ours; not a paper number): up to 500 random dev
     # questions of each, drawn per dataset (data.eval_allow_short from the proxy's preset).
     c.data.eval_mix = ("2wiki:dev:500", "musique:dev:500")
     c.eval.num_examples = 1000
+    c.sft.epochs = 0                     # a fixed short SFT, not the proxy's 1 epoch
     c.sft.steps = 100
     c.sft.batch_size = 64
     c.sft.lr = 1e-5
