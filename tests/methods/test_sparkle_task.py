@@ -2,7 +2,11 @@
 own config, the proxy's oracle SFT, tree-rollout PPO with a critic, the report, kill and
 resume), the standard-rollout switch, and the ':paper' preset shrunk onto tiny HF checkpoints
 and the real data samples."""
+import atexit
 import json
+import pathlib
+import shutil
+import tempfile
 
 import pytest
 
@@ -13,12 +17,18 @@ from rlrag_jax.methods.sparkle import task as sparkle_task
 
 pytestmark = pytest.mark.slow
 
+_SHARED_CACHE = pathlib.Path(tempfile.mkdtemp(prefix="sparkle_retriever_"))
+atexit.register(shutil.rmtree, _SHARED_CACHE, True)
 WORLD = dict(num_countries=6, num_cities=24, num_people=80, num_orgs=20, num_films=40,
              num_books=40, num_questions=300, hop_mix=(1.0, 0.0, 0.0))
 
 
 def _small(c, workdir):
   c.workdir = str(workdir)
+  # Every run of this module searches the same world: one retrieval index and one set of
+  # triple embeddings (cached by a fingerprint of the corpus and encoder) instead of a MiniLM
+  # pass per run. The module's runs share a worker (one xdist group), so none writes it at once.
+  c.retrieval.cache_dir = str(_SHARED_CACHE)
   c.data.world = config_base.world_config(**WORLD)
   c.data.max_eval = 6
   c.model.update(dict(hidden_size=64, intermediate_size=128, num_layers=2, num_heads=2,
