@@ -42,17 +42,22 @@ def _shared_fixtures(item) -> tuple:
                       if fds and fds[-1].scope in ("module", "class")))
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config, items):
+def pytest_itemcollected(item):
   """Under `pytest -n 2 --dist loadgroup` (the README's test command), the `slow` tests of a
   module that share a module-scoped fixture (a trained reader, an executor run) form one group:
   they run on one worker, one after another, so the fixture is built once rather than once per
   worker. A slow test without one is its own unit, so that one module's long end-to-end tests
-  spread over both workers instead of queueing on one. The slow tests go first (a stable sort:
-  each module keeps its order), so that the long ones do not start last and leave a worker
-  idle. Without xdist the marker does nothing."""
-  for item in items:
-    shared = _shared_fixtures(item)
-    if item.get_closest_marker("slow") and shared and not item.get_closest_marker("xdist_group"):
-      item.add_marker(pytest.mark.xdist_group(item.module.__name__ + ":" + "+".join(shared)))
+  spread over both workers instead of queueing on one. xdist (3.8) turns the marker into a
+  group by rewriting `item._nodeid`, which pytest 9.2 no longer reads (its nodeid comes from
+  `item._id`): there every group was split and each module fixture built once per worker, so
+  setup.cfg pins pytest below 9.2. Without xdist the marker does nothing."""
+  shared = _shared_fixtures(item)
+  if item.get_closest_marker("slow") and shared and not item.get_closest_marker("xdist_group"):
+    item.add_marker(pytest.mark.xdist_group(item.module.__name__ + ":" + "+".join(shared)))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+  """The slow tests first (a stable sort: each module keeps its order), so that the long ones
+  do not start last and leave a worker idle."""
   items[:] = sorted(items, key=lambda item: item.get_closest_marker("slow") is None)
