@@ -14,6 +14,7 @@ _FLAGS = os.environ.get("XLA_FLAGS", "")
 if "--xla_backend_optimization_level" not in _FLAGS:
   os.environ["XLA_FLAGS"] = (_FLAGS + " --xla_backend_optimization_level=1").strip()
 
+import jax
 import pytest
 
 from _deps import ci
@@ -30,6 +31,30 @@ def shared_data_dir() -> pathlib.Path:
       pytest.fail(msg + "; under CI=true they are required")
     pytest.skip(msg)
   return d
+
+
+# Which tests compile with XLA's cheap settings (`jax_disable_most_optimizations`: LLVM level 0,
+# no expensive passes). Most of the suite compiles tiny random models and runs them a few times,
+# so compiling is most of its time. The tests on the real data samples (they use
+# `shared_data_dir`) run real compute: MiniLM over real passages, prefills and updates over
+# real-data prompts, which unoptimised code runs slowly. RLRAG_TEST_XLA=cheap|optimised forces
+# one setting for every test (to measure the split).
+_XLA_MODE = os.environ.get("RLRAG_TEST_XLA", "auto")
+
+
+def _cheap_compile(item) -> bool:
+  if _XLA_MODE != "auto":
+    return _XLA_MODE == "cheap"
+  return "shared_data_dir" not in getattr(item, "fixturenames", ())
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+  """Set the compile effort before any of the test's fixtures (module-scoped ones included) run.
+  The flag is read at each compile; subprocesses read it from the environment."""
+  cheap = _cheap_compile(item)
+  jax.config.update("jax_disable_most_optimizations", cheap)
+  os.environ["JAX_DISABLE_MOST_OPTIMIZATIONS"] = "1" if cheap else "0"
 
 
 def _shared_fixtures(item) -> tuple:
