@@ -75,7 +75,7 @@ def test_ppo_update_uses_hand_computed_gae_and_value_loss():
   scores = [{"total": s} for s in (1.0, 0.0, 2.0, -1.0)]
   host = pack([e.prompt_ids for e in eps], [e.completion_ids for e in eps],
               [e.loss_mask for e in eps], pad_id=0, bucket=8)
-  values = np.asarray(learner.value_fn(critic.params, sharding.shard_batch(host, mesh)))
+  values = np.asarray(learner.vf.value_fn(critic.params, sharding.shard_batch(host, mesh)))
   mask = host["loss_mask"].astype(float)
   adv = np.zeros_like(mask)
   ret = np.zeros_like(mask)
@@ -155,7 +155,7 @@ def _recording_learner(c, mesh):
     seen.append(ids[np.arange(len(ids)), last].tolist())
     return state, {"loss": 0.0}
   steps.rl_step = fake_step
-  learner.value_step = lambda st, batch, start: (st, {"loss": 0.0})
+  learner.vf.value_step = lambda st, batch, start: (st, {"loss": 0.0})
   return steps, learner, seen
 
 
@@ -195,7 +195,7 @@ def test_advantages_whitened_per_action_type():
     seen = {}
     steps.rl_step = lambda st, batch, start: (seen.update(
         {k: np.asarray(v) for k, v in batch.items()}) or st, {"loss": 0.0})
-    learner.value_step = lambda st, batch, start: (st, {"loss": 0.0})
+    learner.vf.value_step = lambda st, batch, start: (st, {"loss": 0.0})
     state = steps.new_state(init_params(steps.module, jax.random.PRNGKey(0)), "rl")
     crit = learner.init_critic(state.params, jax.random.PRNGKey(1))
     eps = _episodes()
@@ -273,8 +273,8 @@ def test_head_critic_reads_the_policy_backbone_and_trains_only_its_head():
   # Step 2 reads the moved policy: its values are the head's on state1's backbone.
   head_on_new = {"model": state1.params["model"], "value_head": critic1.params["value_head"]}
   head_on_old = {"model": critic1.params["model"], "value_head": critic1.params["value_head"]}
-  want = np.asarray(learner.value_fn(head_on_new, batch))
-  stale = np.asarray(learner.value_fn(head_on_old, batch))
+  want = np.asarray(learner.vf.value_fn(head_on_new, batch))
+  stale = np.asarray(learner.vf.value_fn(head_on_old, batch))
   mask = host["loss_mask"].astype(float)
   mask[:, 0] = 0
   assert not np.allclose(want, stale)
