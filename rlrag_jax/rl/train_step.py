@@ -502,19 +502,10 @@ class UpdateStep:
     return self.apply(state, grads, sums, loss, norms)
 
 
-def _make_update_step(mb_loss: Callable, norms_fn: _TokenNorms, finalize: Callable, opt,
-                      mesh: Mesh, state_sh: TrainState, micro_batches: int, required, where: str,
-                      lr_schedule: Optional[Callable], rules=shd.RULES) -> UpdateStep:
-  """Shared machinery: scan over micro-batches, accumulate grads, skip non-finite, update.
-
-  mb_loss(params, mb, norms, start) -> (loss already divided by the whole-batch normaliser,
-  sums dict); `start` is the step's static `logits_start` (the first position whose logits are
-  computed). norms_fn(batch) -> dict of whole-batch normalisers; finalize(sums, norms)
-  -> metrics dict. The jitted step is `step(state, batch, logits_start=0)`; each distinct
-  logits_start compiles once. See `UpdateStep` for the token-budget form.
-  """
-  bsh, rep = shd.batch_sharding(mesh), shd.replicated(mesh)
-
+def _update_applier(opt, finalize: Callable, lr_schedule: Optional[Callable]) -> Callable:
+  """`apply_update(state, grads, sums, loss, norms) -> (state, metrics)`: clips, runs the
+  optimizer, keeps the old params and opt_state when the loss or gradient norm is not finite,
+  and writes the metrics (finalize's, loss, grad_norm, skipped, lr)."""
   def apply_update(state: TrainState, grads, sums, loss, norms):
     grad_norm = optax.global_norm(grads)
     ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
@@ -528,6 +519,56 @@ def _make_update_step(mb_loss: Callable, norms_fn: _TokenNorms, finalize: Callab
     new_state = TrainState(params=keep(new_params, state.params),
                            opt_state=keep(new_opt, state.opt_state), step=state.step + 1)
     return new_state, metrics
+  return apply_update
+
+
+def _batch_grads(loss_fn: Callable, params, batch: dict, norms: dict, bsh) -> tuple:
+  """(float32 grads, sums, loss) of `loss_fn(params, batch, norms)` over the whole batch."""
+  grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+  mb = jax.tree_util.tree_map(lambda x: jax.lax.with_sharding_constraint(x, bsh), batch)
+  (loss, sums), grads = grad_fn(params, mb, norms)
+  grads = jax.tree_util.tree_map(lambda g: g.astype(jnp.float32), grads)
+  return grads, sums, loss
+
+
+def _scanned_grads(loss_fn: Callable, params, batch: dict, norms: dict, micro_batches: int,
+                   mesh: Mesh, state_sh: TrainState) -> tuple:
+  """The same, summed over `micro_batches` micro-batches (rows m, m + M, ...) in a
+  `lax.scan`: float32 gradients accumulated in the params' sharding."""
+  grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+  mbs = jax.tree_util.tree_map(lambda x: _split_micro(x, micro_batches, mesh), batch)
+  first = jax.tree_util.tree_map(lambda x: x[0], mbs)
+  sums_shape = jax.eval_shape(loss_fn, params, first, norms)[1]
+  zeros_g = jax.tree_util.tree_map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
+  zeros_g = jax.lax.with_sharding_constraint(zeros_g, state_sh.params)
+  zeros_s = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), sums_shape)
+
+  def body(carry, mb):
+    g_acc, s_acc, l_acc = carry
+    (l, s), g = grad_fn(params, mb, norms)
+    g_acc = jax.tree_util.tree_map(lambda a, b: a + b.astype(jnp.float32), g_acc, g)
+    g_acc = jax.lax.with_sharding_constraint(g_acc, state_sh.params)
+    s_acc = jax.tree_util.tree_map(jnp.add, s_acc, s)
+    return (g_acc, s_acc, l_acc + l), None
+
+  (grads, sums, loss), _ = jax.lax.scan(body, (zeros_g, zeros_s, jnp.zeros((), jnp.float32)),
+                                        mbs)
+  return grads, sums, loss
+
+
+def _make_update_step(mb_loss: Callable, norms_fn: _TokenNorms, finalize: Callable, opt,
+                      mesh: Mesh, state_sh: TrainState, micro_batches: int, required, where: str,
+                      lr_schedule: Optional[Callable], rules=shd.RULES) -> UpdateStep:
+  """Shared machinery: scan over micro-batches, accumulate grads, skip non-finite, update.
+
+  mb_loss(params, mb, norms, start) -> (loss already divided by the whole-batch normaliser,
+  sums dict); `start` is the step's static `logits_start` (the first position whose logits are
+  computed). norms_fn(batch) -> dict of whole-batch normalisers; finalize(sums, norms)
+  -> metrics dict. The jitted step is `step(state, batch, logits_start=0)`; each distinct
+  logits_start compiles once. See `UpdateStep` for the token-budget form.
+  """
+  bsh, rep = shd.batch_sharding(mesh), shd.replicated(mesh)
+  apply_update = _update_applier(opt, finalize, lr_schedule)
 
   def step(state: TrainState, batch: dict, logits_start: int = 0):
     _check_batch(batch, required, where)
@@ -536,29 +577,11 @@ def _make_update_step(mb_loss: Callable, norms_fn: _TokenNorms, finalize: Callab
     start = _check_start(logits_start, batch["input_ids"].shape[1], where)
     norms = norms_fn(batch)
     loss_fn = functools.partial(mb_loss, start=start)
-    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
     if micro_batches == 1:
-      mb = jax.tree_util.tree_map(lambda x: jax.lax.with_sharding_constraint(x, bsh), batch)
-      (loss, sums), grads = grad_fn(state.params, mb, norms)
-      grads = jax.tree_util.tree_map(lambda g: g.astype(jnp.float32), grads)
+      grads, sums, loss = _batch_grads(loss_fn, state.params, batch, norms, bsh)
     else:
-      mbs = jax.tree_util.tree_map(lambda x: _split_micro(x, micro_batches, mesh), batch)
-      first = jax.tree_util.tree_map(lambda x: x[0], mbs)
-      sums_shape = jax.eval_shape(loss_fn, state.params, first, norms)[1]
-      zeros_g = jax.tree_util.tree_map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params)
-      zeros_g = jax.lax.with_sharding_constraint(zeros_g, state_sh.params)
-      zeros_s = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), sums_shape)
-
-      def body(carry, mb):
-        g_acc, s_acc, l_acc = carry
-        (l, s), g = grad_fn(state.params, mb, norms)
-        g_acc = jax.tree_util.tree_map(lambda a, b: a + b.astype(jnp.float32), g_acc, g)
-        g_acc = jax.lax.with_sharding_constraint(g_acc, state_sh.params)
-        s_acc = jax.tree_util.tree_map(jnp.add, s_acc, s)
-        return (g_acc, s_acc, l_acc + l), None
-
-      (grads, sums, loss), _ = jax.lax.scan(body, (zeros_g, zeros_s, jnp.zeros((), jnp.float32)),
-                                            mbs)
+      grads, sums, loss = _scanned_grads(loss_fn, state.params, batch, norms, micro_batches,
+                                         mesh, state_sh)
     return apply_update(state, grads, sums, loss, norms)
 
   def accumulate(params, grads, sums, loss, mb: dict, norms: dict, start: int):
@@ -628,30 +651,42 @@ def make_policy_step(module, opt, mesh: Mesh, loss_cfg: LossConfig = LossConfig(
     if ent is not None:
       sums["entropy"] = tsum(ent)
     if "ref_logp" in mb:
-      k = kl_fn(logp, mb["ref_logp"], cfg.kl_estimator)
-      sums["kl"] = tsum(k)
-      # Every estimator's value too, so runs trained with different estimators compare.
-      for name in sorted(KL_ESTIMATORS):
-        sums[f"kl_{name}"] = tsum(kl_fn(logp, mb["ref_logp"], name))
-      if cfg.beta:
-        kl_num, _ = aggregation_terms(k, m, cfg.aggregation, cfg.max_completion_len)
-        loss = loss + cfg.beta * kl_num / norms["den"]
+      kl_sums, kl_loss = _policy_kl(logp, mb["ref_logp"], m, norms, cfg, tsum)
+      sums.update(kl_sums)
+      if kl_loss is not None:
+        loss = loss + kl_loss
     if cfg.entropy_coef:
       ent_num, _ = aggregation_terms(ent, m, cfg.aggregation, cfg.max_completion_len)
       loss = loss - cfg.entropy_coef * ent_num / norms["den"]
     return loss, sums
 
-  def finalize(sums, norms):
-    out = {k: (v if k == "pg_loss" else v / norms["tokens"]) for k, v in sums.items()}
-    out["clip_frac"] = out["clip_frac_low"] + out["clip_frac_high"]
-    out["tokens"] = norms["tokens"]
-    return out
-
   required = ["input_ids", "attention_mask", "loss_mask", "advantages"]
   if cfg.beta:
     required.append("ref_logp")
-  return _make_update_step(mb_loss, norms_fn, finalize, opt, mesh, state_sh, micro_batches,
-                           required, "make_policy_step", lr_schedule, rules)
+  return _make_update_step(mb_loss, norms_fn, _policy_metrics, opt, mesh, state_sh,
+                           micro_batches, required, "make_policy_step", lr_schedule, rules)
+
+
+def _policy_kl(logp, ref_logp, m, norms: dict, cfg: LossConfig, tsum: Callable) -> tuple:
+  """(metric sums, loss term or None) of the KL to the reference policy: the configured
+  estimator's token sum as 'kl', every estimator's as 'kl_<name>' (so runs trained with
+  different estimators compare), and with beta > 0 its aggregated term beta x KL."""
+  k = kl_fn(logp, ref_logp, cfg.kl_estimator)
+  sums = {"kl": tsum(k)}
+  for name in sorted(KL_ESTIMATORS):
+    sums[f"kl_{name}"] = tsum(kl_fn(logp, ref_logp, name))
+  if not cfg.beta:
+    return sums, None
+  kl_num, _ = aggregation_terms(k, m, cfg.aggregation, cfg.max_completion_len)
+  return sums, cfg.beta * kl_num / norms["den"]
+
+
+def _policy_metrics(sums: dict, norms: dict) -> dict:
+  """make_policy_step's finalize: token sums -> token means; pg_loss is already a mean."""
+  out = {k: (v if k == "pg_loss" else v / norms["tokens"]) for k, v in sums.items()}
+  out["clip_frac"] = out["clip_frac_low"] + out["clip_frac_high"]
+  out["tokens"] = norms["tokens"]
+  return out
 
 
 # ------------------------------------------------------------------------------------ SFT

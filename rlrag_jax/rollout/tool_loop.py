@@ -145,93 +145,166 @@ def run_tool_loop(policy, prompts: Sequence[Sequence[int]], env, *, rng, tokeniz
       the observation just appended, not the whole context. Needs a policy with `contexts()`;
       False (or a policy without it) re-prefills every context each turn.
   """
+  prompts = [list(map(int, p)) for p in prompts]
+  _check_loop_args(prompts, max_turns, max_obs_tokens, max_total_len, group_size)
+  lim = _Limits(max_turns=max_turns, max_obs_tokens=max_obs_tokens, max_total_len=max_total_len,
+                per_turn=int(max_new_tokens or policy.max_new_tokens),
+                stops=stop_lib.normalize_stops(stop, tokenizer), greedy=greedy,
+                min_batch=min_batch, context_bucket=context_bucket, group_size=int(group_size))
+  rows = _Rows.start(prompts)
+  ctx = (policy.contexts(length_bucket=context_bucket)
+         if kv_reuse and hasattr(policy, "contexts") else None)
+  active = list(range(len(prompts)))
+  called = []                        # the rows of the previous turn, in its order
+  t = 0
+  while active:
+    gen = _sample_turn(policy, ctx, rows, lim, active, called, t, jax.random.fold_in(rng, t))
+    called = list(active)
+    turn_texts, asking = _record_turn(tokenizer, rows, lim, active, gen, t)
+    if asking:
+      _serve_tool_calls(env, tokenizer, rows, lim, asking, turn_texts)
+    active = [i for i in active if not rows.finish[i]]
+    t += 1
+  return ToolLoopResult(rows.comp, rows.mask, rows.turns, rows.finish, rows.calls)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Limits:
+  """`run_tool_loop`'s settings, resolved once."""
+  max_turns: int
+  max_obs_tokens: int
+  max_total_len: int
+  per_turn: int               # policy tokens per turn
+  stops: list                 # stop sequences as token-id lists
+  greedy: bool
+  min_batch: int
+  context_bucket: int
+  group_size: int
+
+
+@dataclasses.dataclass
+class _Rows:
+  """Per-row state of one tool loop (same order as the prompts)."""
+  prompts: list
+  comp: list                  # completion tokens so far (policy and observations)
+  mask: list                  # their loss mask
+  turns: list                 # list[Turn] per row
+  calls: list                 # observations appended
+  finish: list                # FINISH_* once the row is done, else ''
+  obs_new: list               # observation tokens appended since the row's last turn
+
+  @classmethod
+  def start(cls, prompts: list) -> "_Rows":
+    n = len(prompts)
+    return cls(prompts, [[] for _ in range(n)], [[] for _ in range(n)], [[] for _ in range(n)],
+               [0] * n, [""] * n, [[] for _ in range(n)])
+
+  def length(self, i: int) -> int:
+    """Prompt + completion tokens of row i."""
+    return len(self.prompts[i]) + len(self.comp[i])
+
+
+def _check_loop_args(prompts: list, max_turns: int, max_obs_tokens: int, max_total_len: int,
+                     group_size: int) -> None:
   if max_turns < 0 or max_obs_tokens < 0:
     raise ValueError(f"run_tool_loop: max_turns ({max_turns}) and max_obs_tokens "
                      f"({max_obs_tokens}) must be >= 0")
-  prompts = [list(map(int, p)) for p in prompts]
   n = len(prompts)
   too_long = [i for i, p in enumerate(prompts) if len(p) >= max_total_len]
   if too_long:
     raise ValueError(f"run_tool_loop: prompt {too_long[0]} has {len(prompts[too_long[0]])} tokens, "
                      f"which leaves no room under max_total_len={max_total_len}")
-  per_turn = int(max_new_tokens or policy.max_new_tokens)
-  stops = stop_lib.normalize_stops(stop, tokenizer)
-  comp = [[] for _ in range(n)]
-  mask = [[] for _ in range(n)]
-  turns = [[] for _ in range(n)]
-  calls = [0] * n
-  finish = [""] * n
   g = int(group_size)
   if g < 1 or n % g or any(prompts[i] != prompts[i - i % g] for i in range(n)):
     raise ValueError(f"run_tool_loop: group_size={group_size} needs the prompts in runs of "
                      f"{group_size} identical rows; got {n} prompts that are not")
-  ctx = (policy.contexts(length_bucket=context_bucket)
-         if kv_reuse and hasattr(policy, "contexts") else None)
-  active = list(range(n))
-  called = []                        # the rows of the previous turn, in its order
-  obs_new = [[] for _ in range(n)]   # observation tokens appended since the row's last turn
-  t = 0
-  while active:
-    contexts = [prompts[i] + comp[i] for i in active]
-    room = np.minimum([max_total_len - len(c) for c in contexts], per_turn)
-    width = -(-max(len(c) for c in contexts) // context_bucket) * context_bucket
-    key = jax.random.fold_in(rng, t)
-    kw = dict(greedy=greedy, max_new_tokens=per_turn, stop=stops, max_new_tokens_per_row=room)
-    if ctx is None:
-      gen = policy.sample(contexts, key, batch_multiple=pow2_bucket(len(active), min_batch),
-                          prompt_length=width, **kw)
-    elif t == 0:
-      gen = ctx.start(prompts[::g], key, group_size=g, prompt_length=width,
-                      batch_multiple=pow2_bucket(n // g, max(1, min_batch // g)), **kw)
+
+
+def _sample_turn(policy, ctx, rows: _Rows, lim: _Limits, active: list, called: list, t: int,
+                 key):
+  """One generate call over the `active` rows (a `sampling.Generation`, rows in `active`'s
+  order): re-prefilled contexts without a KV cache (`ctx` None); else turn 0 prefills each
+  group's prompt once, later turns continue the previous turn's rows (`called`) with the
+  observation each was given."""
+  contexts = [rows.prompts[i] + rows.comp[i] for i in active]
+  room = np.minimum([lim.max_total_len - len(c) for c in contexts], lim.per_turn)
+  width = -(-max(len(c) for c in contexts) // lim.context_bucket) * lim.context_bucket
+  kw = dict(greedy=lim.greedy, max_new_tokens=lim.per_turn, stop=lim.stops,
+            max_new_tokens_per_row=room)
+  g = lim.group_size
+  if ctx is None:
+    return policy.sample(contexts, key, batch_multiple=pow2_bucket(len(active), lim.min_batch),
+                         prompt_length=width, **kw)
+  if t == 0:
+    return ctx.start(rows.prompts[::g], key, group_size=g, prompt_length=width,
+                     batch_multiple=pow2_bucket(len(rows.prompts) // g,
+                                                max(1, lim.min_batch // g)), **kw)
+  slot = {i: j for j, i in enumerate(called)}
+  return ctx.extend([slot[i] for i in active], [rows.obs_new[i] for i in active], key,
+                    batch_multiple=pow2_bucket(len(active), lim.min_batch), **kw)
+
+
+def _record_turn(tokenizer, rows: _Rows, lim: _Limits, active: list, gen, t: int) -> tuple:
+  """Appends each active row's new tokens and its `Turn`, and finishes the rows that are done.
+  Returns (the turn's decoded texts in `active`'s order, [(position in active, row)] of the
+  rows that ask for a tool call)."""
+  lengths = np.asarray(gen.lengths)
+  toks = np.asarray(gen.tokens)
+  new = [toks[j, :lengths[j]].tolist() for j in range(len(active))]
+  turn_texts = tokenizer.batch_decode(new, skip_special_tokens=False)
+  asking = []
+  for j, i in enumerate(active):
+    rows.comp[i] += new[j]
+    rows.mask[i] += [1] * len(new[j])
+    reason = gen.stopped_by[j]
+    rows.turns[i].append(Turn(index=t, generated=len(new[j]), stopped_by=reason,
+                              text=turn_texts[j]))
+    finish = _turn_end(rows, lim, i, reason)
+    if finish:
+      rows.finish[i] = finish
     else:
-      slot = {i: j for j, i in enumerate(called)}
-      gen = ctx.extend([slot[i] for i in active], [obs_new[i] for i in active], key,
-                       batch_multiple=pow2_bucket(len(active), min_batch), **kw)
-    called = list(active)
-    lengths = np.asarray(gen.lengths)
-    toks = np.asarray(gen.tokens)
-    new = [toks[j, :lengths[j]].tolist() for j in range(len(active))]
-    turn_texts = tokenizer.batch_decode(new, skip_special_tokens=False)
-    asking = []                         # (position in active, row) of tool calls
-    for j, i in enumerate(active):
-      comp[i] += new[j]
-      mask[i] += [1] * len(new[j])
-      reason = gen.stopped_by[j]
-      turns[i].append(Turn(index=t, generated=len(new[j]), stopped_by=reason, text=turn_texts[j]))
-      if reason == "stop":
-        if calls[i] >= max_turns:
-          finish[i] = FINISH_MAX_TURNS
-        elif len(prompts[i]) + len(comp[i]) >= max_total_len:
-          finish[i] = FINISH_LENGTH
-        else:
-          asking.append((j, i))
-      else:
-        finish[i] = FINISH_EOS if reason == "eos" else FINISH_LENGTH
-    if asking:
-      rows = [i for _, i in asking]
-      completions = tokenizer.batch_decode([comp[i] for i in rows], skip_special_tokens=False)
-      obs = [_as_observation(o, i)
-             for o, i in zip(_call_env(env, rows, [turn_texts[j] for j, _ in asking],
-                                       completions), rows)]
-      bodies = _encode(tokenizer, [o.text for o in obs if o is not None])
-      tails = _encode(tokenizer, [o.tail for o in obs if o is not None])
-      k = 0
-      for i, o in zip(rows, obs):
-        if o is None:
-          finish[i] = FINISH_NO_CALL
-          continue
-        body, tail = bodies[k], (tails[k] if o.tail else [])
-        k += 1
-        limit = min(max_obs_tokens, max_total_len - len(prompts[i]) - len(comp[i]))
-        ids, cut = truncate_observation(body, tail, limit)
-        comp[i] += ids
-        mask[i] += [0] * len(ids)
-        obs_new[i] = ids
-        calls[i] += 1
-        turn = turns[i][-1]
-        turn.observation_tokens, turn.truncated, turn.info = len(ids), cut, dict(o.info)
-        if len(prompts[i]) + len(comp[i]) >= max_total_len:
-          finish[i] = FINISH_LENGTH
-    active = [i for i in active if not finish[i]]
-    t += 1
-  return ToolLoopResult(comp, mask, turns, finish, calls)
+      asking.append((j, i))
+  return turn_texts, asking
+
+
+def _turn_end(rows: _Rows, lim: _Limits, i: int, reason: str) -> str:
+  """Why row i is done after a turn that ended by `reason` (FINISH_*), or '' when it asks for a
+  tool call."""
+  if reason != "stop":
+    return FINISH_EOS if reason == "eos" else FINISH_LENGTH
+  if rows.calls[i] >= lim.max_turns:
+    return FINISH_MAX_TURNS
+  if rows.length(i) >= lim.max_total_len:
+    return FINISH_LENGTH
+  return ""
+
+
+def _serve_tool_calls(env, tokenizer, rows: _Rows, lim: _Limits, asking: list,
+                      turn_texts: list) -> None:
+  """Asks the environment for the tool calls of `asking` ([(position in the turn, row)]) in one
+  call, and appends each observation (loss mask 0), truncated to max_obs_tokens and to the room
+  under max_total_len; a None observation finishes its row."""
+  called = [i for _, i in asking]
+  completions = tokenizer.batch_decode([rows.comp[i] for i in called], skip_special_tokens=False)
+  obs = [_as_observation(o, i)
+         for o, i in zip(_call_env(env, called, [turn_texts[j] for j, _ in asking],
+                                   completions), called)]
+  bodies = _encode(tokenizer, [o.text for o in obs if o is not None])
+  tails = _encode(tokenizer, [o.tail for o in obs if o is not None])
+  k = 0
+  for i, o in zip(called, obs):
+    if o is None:
+      rows.finish[i] = FINISH_NO_CALL
+      continue
+    body, tail = bodies[k], (tails[k] if o.tail else [])
+    k += 1
+    limit = min(lim.max_obs_tokens, lim.max_total_len - rows.length(i))
+    ids, cut = truncate_observation(body, tail, limit)
+    rows.comp[i] += ids
+    rows.mask[i] += [0] * len(ids)
+    rows.obs_new[i] = ids
+    rows.calls[i] += 1
+    turn = rows.turns[i][-1]
+    turn.observation_tokens, turn.truncated, turn.info = len(ids), cut, dict(o.info)
+    if rows.length(i) >= lim.max_total_len:
+      rows.finish[i] = FINISH_LENGTH

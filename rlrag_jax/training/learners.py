@@ -185,9 +185,172 @@ class OutcomeLearner:
     return state, {k: float(v) for k, v in m.items()}
 
 
+class Critic:
+  """Where PPO's values come from (rl.ppo.critic), chosen once when the learner is built:
+  `ValueModelCritic` ('separate', 'head') or `TreeMCCritic` ('tree_mc').
+
+  trains: whether there is a critic TrainState to build, train and checkpoint.
+  lam: GAE's lambda for these values.
+  batch_keys: the host batch entries the critic update reads (none: nothing to train).
+  """
+  trains: bool
+  lam: float
+  batch_keys: tuple
+
+  def init(self, policy_params, key):
+    """The critic TrainState at the start of RL (None when nothing trains)."""
+    raise NotImplementedError
+
+  def abstract(self):
+    """The critic TrainState's abstract shapes: a checkpoint restore target."""
+    raise NotImplementedError
+
+  def for_step(self, critic, policy_params):
+    """The critic state this step reads and trains (given the sampling policy's params)."""
+    return critic
+
+  def values(self, forward, critic, episodes, mask):
+    """Values [B, T] of the packed batch; `forward(fn, params)` runs a jitted forward over it."""
+    raise NotImplementedError
+
+  def metrics(self, values, adv, returns, mask) -> dict:
+    """The step's value metrics, from the unwhitened advantages."""
+    raise NotImplementedError
+
+  def whiten(self, adv, mask, labels):
+    """Advantages whitened over the batch (`labels` None) or over each label's episodes."""
+    raise NotImplementedError
+
+  def update(self, critic, batch) -> tuple:
+    """(critic, metrics) after one update on a mini-batch of `batch_keys`."""
+    return critic, {}
+
+  def update_accumulated(self, critic, parts) -> tuple:
+    """The same over token-budget micro-batches [(batch, 0)]."""
+    return critic, {}
+
+  def advance(self, critic):
+    """The critic after the RL step, its lr schedule moved on (`schedule_by_rl_step`)."""
+    return critic
+
+
+class ValueModelCritic(Critic):
+  """A value LM trained by a clipped value loss with its own optimizer (rl.ppo.vf_lr):
+  'separate' trains a whole ValueLM started from the policy's backbone; 'head' trains only a
+  value head, read on a copy of the policy's current backbone at each step."""
+  trains = True
+  batch_keys = ("input_ids", "attention_mask", "loss_mask", "returns", "old_values")
+
+  def __init__(self, config, mesh, model_cfg):
+    rl = config.rl
+    self.mesh, self.lam = mesh, float(rl.ppo.lam)
+    self.shared = rl.ppo.critic == "head"
+    self.module = ValueLM(model_cfg)
+    self.opt = ts.make_optimizer(ts.OptimizerConfig(
+        lr=rl.ppo.vf_lr, schedule=rl.lr_schedule, warmup_ratio=rl.warmup_ratio,
+        total_steps=schedule_length(rl, config.rl.steps),
+        weight_decay=rl.weight_decay, max_grad_norm=rl.max_grad_norm),
+        by_rl_step=schedule_by_rl_step(rl))
+    if self.shared:    # only the head learns; XLA drops the backbone's unused gradient
+      label = lambda tree, name: jax.tree_util.tree_map(lambda _: name, tree)
+      shapes = sharding.param_shapes(self.module)
+      self.opt = optax.multi_transform(
+          {"head": self.opt, "frozen": optax.set_to_zero()},
+          {"model": label(shapes["model"], "frozen"),
+           "value_head": label(shapes["value_head"], "head")})
+    clip = float(rl.ppo.vf_clip)
+    self.value_step = ts.make_value_step(
+        self.module, self.opt, mesh, clip_eps=clip if clip > 0 else None,
+        aggregation=rl.aggregation, max_len=rl.max_new_tokens,
+        micro_batches=equal_micro_batches(rl))
+    self.value_fn = ts.make_value_fn(self.module, mesh, micro_batches=equal_micro_batches(rl))
+    self.hidden = model_cfg.hidden_size
+    self.param_dtype = model_cfg.params_dtype
+
+  def init(self, policy_params, key):
+    """The policy's backbone and a fresh value head (kernel N(0, 0.02))."""
+    head = {"kernel": (0.02 * jax.random.normal(key, (self.hidden, 1))).astype(self.param_dtype),
+            "bias": jnp.zeros((1,), self.param_dtype)}
+    params = value_params_from_policy(jax.device_get(policy_params), {"value_head": head})
+    return ts.create_train_state(self.module, self.opt, self.mesh, params=params)
+
+  def abstract(self):
+    return ts.abstract_train_state(self.module, self.opt, self.mesh)
+
+  def for_step(self, critic, policy_params):
+    """'head': the critic's backbone becomes a copy of the policy's current one (a copy: the
+    value step donates its state, and the policy's arrays must outlive it), so values and the
+    head's targets come from the policy that sampled."""
+    if not self.shared:
+      return critic
+    model = jax.tree_util.tree_map(jnp.copy, policy_params["model"])
+    return critic.replace(params={"model": model, "value_head": critic.params["value_head"]})
+
+  def values(self, forward, critic, episodes, mask):
+    return forward(self.value_fn, critic.params)
+
+  def metrics(self, values, adv, returns, mask) -> dict:
+    return {"vf/explained_variance": explained_variance(values, returns, mask),
+            "vf/return_mean": _masked_mean(returns, mask)}
+
+  def whiten(self, adv, mask, labels):
+    if labels is None:
+      return adv_lib.masked_whiten(adv, jnp.asarray(mask))
+    # each label's tokens whitened alone; 0 outside its mask
+    return sum(adv_lib.masked_whiten(adv, jnp.asarray(mask * _rows(labels, lab)))
+               for lab in dict.fromkeys(labels))
+
+  def update(self, critic, batch) -> tuple:
+    return self.value_step(critic, batch, 0)
+
+  def update_accumulated(self, critic, parts) -> tuple:
+    return self.value_step.accumulated(critic, parts)
+
+  def advance(self, critic):
+    if critic is None:
+      return None
+    return critic.replace(opt_state=ts.advance_rl_step(critic.opt_state))
+
+
+class TreeMCCritic(Critic):
+  """rl.ppo.critic='tree_mc': no value model. Every token of a decision takes the Monte-Carlo
+  return of the decision's parent node in the rollout tree (Episode.info['baseline']) as its
+  value, and GAE at lambda 1 gives it its return-to-go minus that. Nothing trains or is saved."""
+  trains = False
+  lam = 1.0
+  batch_keys = ()
+
+  def init(self, policy_params, key):
+    return None
+
+  def abstract(self):
+    return None
+
+  def values(self, forward, critic, episodes, mask):
+    return jnp.asarray(_tree_values(episodes, mask))
+
+  def metrics(self, values, adv, returns, mask) -> dict:
+    nonzero = (np.abs(np.asarray(adv)) > 1e-6) & (mask > 0)
+    return {"tree/adv_tokens_frac": float(nonzero.sum() / max(mask.sum(), 1.0)),
+            "tree/adv_abs_mean": _masked_mean(np.abs(np.asarray(adv)), mask)}
+
+  def whiten(self, adv, mask, labels):
+    """Each decision is centred on its own state already, and a decision without siblings has
+    exactly 0: advantages are divided by their spread only, so that no mean shift gives the
+    zeros a sign."""
+    labels = [None] * len(mask) if labels is None else labels
+    a = np.asarray(adv, np.float64)
+    out = np.zeros_like(a)
+    for lab in dict.fromkeys(labels):
+      m = (mask * _rows(labels, lab)) > 0
+      if m.any():
+        std = float(a[m].std())
+        out[m] = a[m] / std if std > 1e-8 else a[m]
+    return jnp.asarray(out, jnp.float32)
+
+
 class PPOLearner:
-  """PPO with a critic: GAE advantages per token, clipped policy and value losses."""
-  has_critic = True
+  """PPO with a critic (`Critic`): GAE advantages per token, clipped policy and value losses."""
 
   def __init__(self, config, steps, mesh, model_cfg, pad_id: int):
     rl = config.rl
@@ -195,7 +358,6 @@ class PPOLearner:
     if self.ppo.critic not in CRITICS:
       raise ValueError(f"config key 'rl.ppo.critic' is {self.ppo.critic!r}; expected one of "
                        f"{CRITICS}")
-    self.shared = self.ppo.critic == "head"
     if int(self.ppo.mini_batches) < 1 or equal_micro_batches(rl) < 1:
       raise ValueError(f"config keys 'rl.ppo.mini_batches' = {self.ppo.mini_batches} and "
                        f"'rl.micro_batches' = {rl.micro_batches} must be >= 1")
@@ -211,122 +373,113 @@ class PPOLearner:
           "divide; set rl.micro_batches=1 or a token budget rl.tokens_per_micro_batch > 0 "
           "(micro-batches planned per mini-batch, any size)")
     self._gae = jax.jit(adv_lib.gae, static_argnums=(3, 4))
-    self.tree_mc = self.ppo.critic == "tree_mc"
-    if self.tree_mc:        # the rollout tree supplies the values: no model to build or train
-      self.has_critic = False
-      return
-    self.module = ValueLM(model_cfg)
-    self.opt = ts.make_optimizer(ts.OptimizerConfig(
-        lr=self.ppo.vf_lr, schedule=rl.lr_schedule, warmup_ratio=rl.warmup_ratio,
-        total_steps=schedule_length(rl, config.rl.steps),
-        weight_decay=rl.weight_decay, max_grad_norm=rl.max_grad_norm),
-        by_rl_step=schedule_by_rl_step(rl))
-    if self.shared:    # only the head learns; XLA drops the backbone's unused gradient
-      label = lambda tree, name: jax.tree_util.tree_map(lambda _: name, tree)
-      shapes = sharding.param_shapes(self.module)
-      self.opt = optax.multi_transform(
-          {"head": self.opt, "frozen": optax.set_to_zero()},
-          {"model": label(shapes["model"], "frozen"),
-           "value_head": label(shapes["value_head"], "head")})
-    clip = float(self.ppo.vf_clip)
-    self.value_step = ts.make_value_step(
-        self.module, self.opt, mesh, clip_eps=clip if clip > 0 else None,
-        aggregation=rl.aggregation, max_len=rl.max_new_tokens,
-        micro_batches=equal_micro_batches(rl))
-    self.value_fn = ts.make_value_fn(self.module, mesh, micro_batches=equal_micro_batches(rl))
-    self.hidden = model_cfg.hidden_size
-    self.param_dtype = model_cfg.params_dtype
+    # The value function (a Critic): the tree's own returns, or a value model to train.
+    self.vf = (TreeMCCritic() if self.ppo.critic == "tree_mc" else
+               ValueModelCritic(config, mesh, model_cfg))
+    self.has_critic = self.vf.trains
 
   # ---- critic state
   def init_critic(self, policy_params, key):
-    """A critic TrainState: the policy's backbone and a fresh value head (kernel N(0, 0.02));
-    None for 'tree_mc', which has no critic."""
-    if self.tree_mc:
-      return None
-    head = {"kernel": (0.02 * jax.random.normal(key, (self.hidden, 1))).astype(self.param_dtype),
-            "bias": jnp.zeros((1,), self.param_dtype)}
-    params = value_params_from_policy(jax.device_get(policy_params), {"value_head": head})
-    return ts.create_train_state(self.module, self.opt, self.mesh, params=params)
+    """The critic TrainState (`Critic.init`); None for 'tree_mc', which has no critic."""
+    return self.vf.init(policy_params, key)
 
   def abstract_critic(self):
-    return ts.abstract_train_state(self.module, self.opt, self.mesh)
-
-  def _on_policy_backbone(self, critic, policy_params):
-    """'head': the critic's backbone becomes a copy of the policy's current one (a copy: the
-    value step donates its state, and the policy's arrays must outlive it)."""
-    model = jax.tree_util.tree_map(jnp.copy, policy_params["model"])
-    return critic.replace(params={"model": model, "value_head": critic.params["value_head"]})
+    return self.vf.abstract()
 
   # ---- one RL step
   def update(self, state, critic, episodes, scores, ref_params, key) -> tuple:
-    rl, ppo = self.rl, self.ppo
-    if self.shared:       # values and the head's targets from the policy that sampled
-      critic = self._on_policy_backbone(critic, state.params)
+    """One RL step: advantages from the critic's values, then rl.mu epochs of mini-batch
+    updates of the policy and the critic. Returns (state, critic, metrics)."""
+    rl = self.rl
+    critic = self.vf.for_step(critic, state.params)
     totals = np.array([s["total"] for s in scores], np.float32)
     host = pack([e.prompt_ids for e in episodes], [e.completion_ids for e in episodes],
                 [e.loss_mask for e in episodes], pad_id=self.pad, bucket=rl.pack_bucket)
     start = logits_start(host["loss_mask"], rl.pack_bucket)
-    budget = token_budget(rl)
-    p_len = max(len(e.prompt_ids) for e in episodes)      # pack's prompt columns
-    if budget:        # the forwards per token-budget micro-batch, back in `host`'s layout
-      fwd = []
-
-      def forward(fn, params):
-        if not fwd:
-          for mb in plan_episodes(episodes, np.arange(len(episodes)), budget, rl.pack_bucket,
-                                  self.mesh):
-            b = pack_episodes(episodes, mb, self.pad, rl.pack_bucket)
-            fwd.append((mb, sharding.shard_batch(b, self.mesh),
-                        logits_start(b["loss_mask"], rl.pack_bucket)))
-        out = np.zeros(host["input_ids"].shape, np.float32)
-        for mb, batch, s in fwd:
-          put_rows(out, fn(params, batch, s), p_len, mb)
-        return out
-    else:
-      dev = sharding.shard_batch(host, self.mesh)
-      forward = lambda fn, params: fn(params, dev, start)
     n = totals.shape[0]
     mini = _mini_batches(rl, n)
-    on_policy = int(rl.mu) == 1 and mini == 1
-    kl_reward = self.steps.with_ref and kl_form(rl) == "reward"
     # One update on the whole batch samples and updates the same policy (ratio 1): the
     # step's own stop-gradient log-probs are the old ones, so no separate forward (unless
     # the KL reward needs the sampling policy's log-probs).
+    on_policy = int(rl.mu) == 1 and mini == 1
+    metrics = self._advantages(state, critic, episodes, totals, host, start, ref_params,
+                               on_policy)
+    state, critic, sums = self._epochs(state, critic, episodes, host, start, key, on_policy,
+                                       n, mini)
+    metrics.update({k: float(np.mean(v)) for k, v in sums.items()})
+    if mini_batch_size(rl):
+      metrics["updates"] = float(int(rl.mu) * mini)
+    if schedule_by_rl_step(rl):          # the next step's updates take the next step's lr
+      state = state.replace(opt_state=ts.advance_rl_step(state.opt_state))
+      critic = self.vf.advance(critic)
+    return state, critic, metrics
+
+  def _forward(self, episodes, host, start):
+    """`forward(fn, params)`: a jitted forward (log-probs, values) over the packed batch, as
+    [B, T] in `host`'s layout; with a token budget, run per micro-batch (planned once)."""
+    rl = self.rl
+    budget = token_budget(rl)
+    if not budget:
+      dev = sharding.shard_batch(host, self.mesh)
+      return lambda fn, params: fn(params, dev, start)
+    p_len = max(len(e.prompt_ids) for e in episodes)      # pack's prompt columns
+    fwd = []
+
+    def forward(fn, params):
+      if not fwd:
+        for mb in plan_episodes(episodes, np.arange(len(episodes)), budget, rl.pack_bucket,
+                                self.mesh):
+          b = pack_episodes(episodes, mb, self.pad, rl.pack_bucket)
+          fwd.append((mb, sharding.shard_batch(b, self.mesh),
+                      logits_start(b["loss_mask"], rl.pack_bucket)))
+      out = np.zeros(host["input_ids"].shape, np.float32)
+      for mb, batch, s in fwd:
+        put_rows(out, fn(params, batch, s), p_len, mb)
+      return out
+    return forward
+
+  def _advantages(self, state, critic, episodes, totals, host, start, ref_params,
+                  on_policy) -> dict:
+    """Adds to `host` the log-probs the update needs (old_logp, ref_logp), the advantages,
+    returns and old values; returns the step's value and KL metrics."""
+    rl, ppo = self.rl, self.ppo
+    forward = self._forward(episodes, host, start)
+    kl_reward = self.steps.with_ref and kl_form(rl) == "reward"
     if not on_policy or kl_reward:
       host["old_logp"] = np.asarray(forward(self.steps.logp, state.params))
     if self.steps.with_ref:
       host["ref_logp"] = np.asarray(forward(self.steps.logp, ref_params))
     mask = (host["loss_mask"] > 0).astype(np.float32)
     mask[:, 0] = 0.0
-    rewards = _token_rewards(episodes, totals, host, mask)
-    kl_metrics = {}
-    if kl_reward:       # -beta * KL(sampling policy || ref) on every policy token's reward
-      penalty = losses.kl_reward_penalty(jnp.asarray(host["old_logp"]),
-                                         jnp.asarray(host["ref_logp"]), jnp.asarray(mask),
-                                         float(rl.kl_beta), str(rl.kl_estimator))
-      rewards = rewards + penalty
-      kl_metrics["kl/reward_penalty"] = _masked_mean(penalty, mask)
-    if self.tree_mc:
-      # Every token of a decision takes the state value of the decision's parent node; GAE
-      # at lambda 1 then gives each token its return-to-go minus that value.
-      values = jnp.asarray(_tree_values(episodes, mask))
-      adv, returns = self._gae(rewards, values, jnp.asarray(mask), float(ppo.gamma), 1.0)
-      nonzero = (np.abs(np.asarray(adv)) > 1e-6) & (mask > 0)
-      metrics = {"tree/adv_tokens_frac": float(nonzero.sum() / max(mask.sum(), 1.0)),
-                 "tree/adv_abs_mean": _masked_mean(np.abs(np.asarray(adv)), mask)}
-    else:
-      values = forward(self.value_fn, critic.params)
-      adv, returns = self._gae(rewards, values, jnp.asarray(mask), float(ppo.gamma),
-                               float(ppo.lam))
-      metrics = {"vf/explained_variance": explained_variance(values, returns, mask),
-                 "vf/return_mean": _masked_mean(returns, mask)}
+    rewards, kl_metrics = self._rewards(episodes, totals, host, mask, kl_reward)
+    values = self.vf.values(forward, critic, episodes, mask)
+    adv, returns = self._gae(rewards, values, jnp.asarray(mask), float(ppo.gamma), self.vf.lam)
+    metrics = self.vf.metrics(values, adv, returns, mask)
     metrics.update(kl_metrics)
     if ppo.whiten:
       adv = self._whiten(adv, mask, episodes)
     host["advantages"] = np.asarray(adv, np.float32)
     host["returns"] = np.asarray(returns, np.float32)
     host["old_values"] = np.asarray(values, np.float32)
+    return metrics
 
+  def _rewards(self, episodes, totals, host, mask, kl_reward: bool) -> tuple:
+    """(per-token rewards [B, T], metrics): the task's rewards (`_token_rewards`), with
+    rl.kl_form='reward' minus kl_beta x KL(sampling policy || ref) on every policy token."""
+    rewards = _token_rewards(episodes, totals, host, mask)
+    if not kl_reward:
+      return rewards, {}
+    rl = self.rl
+    penalty = losses.kl_reward_penalty(jnp.asarray(host["old_logp"]),
+                                       jnp.asarray(host["ref_logp"]), jnp.asarray(mask),
+                                       float(rl.kl_beta), str(rl.kl_estimator))
+    return rewards + penalty, {"kl/reward_penalty": _masked_mean(penalty, mask)}
+
+  def _epochs(self, state, critic, episodes, host, start, key, on_policy, n: int,
+              mini: int) -> tuple:
+    """rl.mu epochs over the step's `n` episodes in `mini` mini-batches (shuffled when more
+    than one): (state, critic, {metric: [value per update]})."""
+    rl = self.rl
     by_size = bool(mini_batch_size(rl))
     size = n // mini
     if not by_size and (n % mini or size % equal_micro_batches(rl)):
@@ -338,45 +491,43 @@ class PPOLearner:
     rng = np.random.default_rng(int(jax.random.randint(key, (), 0, 2 ** 31 - 1)))
     pol_keys = ("input_ids", "attention_mask", "loss_mask", "advantages") + (
         () if on_policy else ("old_logp",)) + (("ref_logp",) if self.steps.with_ref else ())
-    val_keys = ("input_ids", "attention_mask", "loss_mask", "returns", "old_values")
     sums: dict = {}
-    parts = {}
+    plans = {}            # the token-budget plan of the last mini-batch
     for _ in range(int(rl.mu)):
       order = rng.permutation(n) if mini > 1 else np.arange(n)
       # rl.ppo.mini_batch_size: sizes as equal as possible (n = 2,500 at 1,024: 834, 833, 833)
       split = (np.array_split(order, mini) if by_size else
                [order[j * size:(j + 1) * size] for j in range(mini)])
       for rows in split:
-        vm = {}
-        if budget:
-          key_rows = rows.tobytes()
-          if key_rows not in parts:      # one mini-batch (mu epochs of it): the same plan
-            parts = {key_rows: self._budget_parts(episodes, rows, host, p_len, pol_keys,
-                                                  val_keys)}
-          pol, val = parts[key_rows]
-          state, pm = self.steps.rl_step.accumulated(state, pol)
-          if not self.tree_mc:
-            critic, vm = self.value_step.accumulated(critic, val)
-        else:
-          sub = lambda keys: sharding.shard_batch({k: host[k][rows] for k in keys}, self.mesh)
-          state, pm = self.steps.rl_step(state, sub(pol_keys), start)
-          if not self.tree_mc:
-            critic, vm = self.value_step(critic, sub(val_keys), 0)
-        for k, v in list(pm.items()) + [(f"vf/{k}", v) for k, v in vm.items()]:
+        state, critic, m = self._mini_batch(state, critic, episodes, host, start, rows,
+                                            pol_keys, plans)
+        for k, v in m:
           sums.setdefault(k, []).append(float(v))
-    metrics.update({k: float(np.mean(v)) for k, v in sums.items()})
-    if by_size:
-      metrics["updates"] = float(int(rl.mu) * mini)
-    if schedule_by_rl_step(rl):          # the next step's updates take the next step's lr
-      state = state.replace(opt_state=ts.advance_rl_step(state.opt_state))
-      if critic is not None and not self.tree_mc:
-        critic = critic.replace(opt_state=ts.advance_rl_step(critic.opt_state))
-    return state, critic, metrics
+    return state, critic, sums
 
-  def _budget_parts(self, episodes, rows, host, p_len: int, pol_keys, val_keys) -> tuple:
+  def _mini_batch(self, state, critic, episodes, host, start, rows, pol_keys, plans) -> tuple:
+    """One policy update and one critic update on the episodes `rows`: (state, critic,
+    [(metric, value)]). With a token budget the micro-batch plan is kept in `plans` for the
+    next epochs of the same mini-batch (one mini-batch: mu epochs of the same rows)."""
+    if token_budget(self.rl):
+      key_rows = rows.tobytes()
+      if key_rows not in plans:
+        plans.clear()
+        plans[key_rows] = self._budget_parts(episodes, rows, host, pol_keys, self.vf.batch_keys)
+      pol, val = plans[key_rows]
+      state, pm = self.steps.rl_step.accumulated(state, pol)
+      critic, vm = self.vf.update_accumulated(critic, val)
+    else:
+      sub = lambda keys: sharding.shard_batch({k: host[k][rows] for k in keys}, self.mesh)
+      state, pm = self.steps.rl_step(state, sub(pol_keys), start)
+      critic, vm = self.vf.update(critic, sub(self.vf.batch_keys))
+    return state, critic, list(pm.items()) + [(f"vf/{k}", v) for k, v in vm.items()]
+
+  def _budget_parts(self, episodes, rows, host, pol_keys, val_keys) -> tuple:
     """Token-budget micro-batches of the mini-batch `rows`: ([(policy batch, logits_start)],
     [(critic batch, 0)]), the per-token entries moved from `host`'s layout to each one's."""
     rl = self.rl
+    p_len = max(len(e.prompt_ids) for e in episodes)      # pack's prompt columns
     pol, val = [], []
     for mb in plan_episodes(episodes, rows, token_budget(rl), rl.pack_bucket, self.mesh):
       b = pack_episodes(episodes, mb, self.pad, rl.pack_bucket)
@@ -391,31 +542,18 @@ class PPOLearner:
   def _whiten(self, adv, mask, episodes):
     """Advantages whitened over the batch, or, with rl.ppo.whiten_by naming an Episode.info
     key, separately over the episodes that share its value (the SPARKLE authors normalise per
-    action type). With tree values each decision is centred on its own state already, and a
-    decision without siblings has exactly 0: those are divided by the spread only, so that no
-    mean shift gives the zeros a sign."""
+    action type); how is the critic's (`Critic.whiten`)."""
     key = str(self.ppo.get("whiten_by", "") or "")
-    if not key and not self.tree_mc:
-      return adv_lib.masked_whiten(adv, jnp.asarray(mask))
-    if key:
-      missing = [i for i, e in enumerate(episodes) if key not in getattr(e, "info", {})]
-      if missing:
-        raise ValueError(f"config key 'rl.ppo.whiten_by' = {key!r}: episode {missing[0]} of "
-                         f"this step has no info[{key!r}]")
-      labels = [e.info[key] for e in episodes]
-    else:
-      labels = [None] * len(episodes)
-    if not self.tree_mc:       # each label's tokens whitened alone; 0 outside its mask
-      return sum(adv_lib.masked_whiten(adv, jnp.asarray(mask * _rows(labels, lab)))
-                 for lab in dict.fromkeys(labels))
-    a = np.asarray(adv, np.float64)
-    out = np.zeros_like(a)
-    for lab in dict.fromkeys(labels):
-      m = (mask * _rows(labels, lab)) > 0
-      if m.any():
-        std = float(a[m].std())
-        out[m] = a[m] / std if std > 1e-8 else a[m]
-    return jnp.asarray(out, jnp.float32)
+    return self.vf.whiten(adv, mask, _labels(episodes, key) if key else None)
+
+
+def _labels(episodes, key: str) -> list:
+  """Episode.info[key] of every episode (rl.ppo.whiten_by)."""
+  missing = [i for i, e in enumerate(episodes) if key not in getattr(e, "info", {})]
+  if missing:
+    raise ValueError(f"config key 'rl.ppo.whiten_by' = {key!r}: episode {missing[0]} of "
+                     f"this step has no info[{key!r}]")
+  return [e.info[key] for e in episodes]
 
 
 def _rows(labels, lab) -> np.ndarray:

@@ -71,11 +71,11 @@ def test_ppo_update_uses_hand_computed_gae_and_value_loss():
                   jax.tree_util.tree_leaves(critic.params["model"])):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
-  eps = _episodes()
+  episodes = _episodes()
   scores = [{"total": s} for s in (1.0, 0.0, 2.0, -1.0)]
-  host = pack([e.prompt_ids for e in eps], [e.completion_ids for e in eps],
-              [e.loss_mask for e in eps], pad_id=0, bucket=8)
-  values = np.asarray(learner.value_fn(critic.params, sharding.shard_batch(host, mesh)))
+  host = pack([e.prompt_ids for e in episodes], [e.completion_ids for e in episodes],
+              [e.loss_mask for e in episodes], pad_id=0, bucket=8)
+  values = np.asarray(learner.vf.value_fn(critic.params, sharding.shard_batch(host, mesh)))
   mask = host["loss_mask"].astype(float)
   adv = np.zeros_like(mask)
   ret = np.zeros_like(mask)
@@ -85,7 +85,7 @@ def test_ppo_update_uses_hand_computed_gae_and_value_loss():
   calls = []
   logp = steps.logp
   steps.logp = lambda *a: calls.append(1) or logp(*a)
-  _, _, m = learner.update(state, critic, eps, scores, None, jax.random.PRNGKey(4))
+  _, _, m = learner.update(state, critic, episodes, scores, None, jax.random.PRNGKey(4))
   assert not calls     # one update on the whole batch: no separate old-policy forward
   # Before its update the critic's values are the old values: the clipped loss is plain MSE.
   want_vf = (0.5 * (values - ret) ** 2 * mask).sum() / mask.sum()
@@ -110,18 +110,18 @@ def test_tree_mc_advantage_is_the_return_minus_the_parent_value():
   fresh = lambda: steps.new_state(init_params(steps.module, jax.random.PRNGKey(0)), "rl")
   state = fresh()          # each update donates its state
   assert learner.init_critic(state.params, jax.random.PRNGKey(3)) is None
-  eps = _episodes()
+  episodes = _episodes()
   bases = (0.5, 0.5, 2.0, -1.0)      # the last row's one token ends at its value: A = 0
-  for e, b in zip(eps, bases):
+  for e, b in zip(episodes, bases):
     e.info = {"baseline": b}
   scores = [{"total": s} for s in (1.0, 0.0, 2.0, -1.0)]
   hand, toks = 0.0, 0
-  for e, s, b in zip(eps, scores, bases):
+  for e, s, b in zip(episodes, scores, bases):
     idx = [t for t, k in enumerate(e.loss_mask) if k]
     for j, _ in enumerate(reversed(idx)):          # j policy tokens after this one
       hand += 0.9 ** j * s["total"] - b
       toks += 1
-  _, critic, m = learner.update(state, None, eps, scores, None, jax.random.PRNGKey(4))
+  _, critic, m = learner.update(state, None, episodes, scores, None, jax.random.PRNGKey(4))
   assert critic is None and not any(k.startswith("vf/") for k in m)
   # On-policy ratio 1: the token-mean policy loss is minus the mean advantage.
   assert m["pg_loss"] == pytest.approx(-hand / toks, rel=1e-5)
@@ -129,16 +129,16 @@ def test_tree_mc_advantage_is_the_return_minus_the_parent_value():
   assert m["tree/adv_tokens_frac"] == pytest.approx(7 / 9)
   # Whitened: divided by the advantages' spread, not shifted (the zeros stay zero).
   adv = []
-  for e, s_, b in zip(eps, scores, bases):
+  for e, s_, b in zip(episodes, scores, bases):
     n = sum(e.loss_mask)
     adv += [0.9 ** j * s_["total"] - b for j in range(n)]
   c.rl.ppo.whiten = True
   learner = learners.make_learner(c, steps, mesh, CFG, pad_id=0)
-  _, _, m = learner.update(fresh(), None, eps, scores, None, jax.random.PRNGKey(4))
+  _, _, m = learner.update(fresh(), None, episodes, scores, None, jax.random.PRNGKey(4))
   assert m["pg_loss"] == pytest.approx(-np.mean(adv) / np.std(adv), rel=1e-5)
-  eps[2].info = {}
+  episodes[2].info = {}
   with pytest.raises(ValueError, match=r"tree_mc.*episode 2 has no info\['baseline'\]"):
-    learner.update(fresh(), None, eps, scores, None, jax.random.PRNGKey(4))
+    learner.update(fresh(), None, episodes, scores, None, jax.random.PRNGKey(4))
 
 
 def _recording_learner(c, mesh):
@@ -155,7 +155,7 @@ def _recording_learner(c, mesh):
     seen.append(ids[np.arange(len(ids)), last].tolist())
     return state, {"loss": 0.0}
   steps.rl_step = fake_step
-  learner.value_step = lambda st, batch, start: (st, {"loss": 0.0})
+  learner.vf.value_step = lambda st, batch, start: (st, {"loss": 0.0})
   return steps, learner, seen
 
 
@@ -167,10 +167,10 @@ def test_ppo_mini_batches_visit_every_episode_once_per_epoch():
   params = init_params(steps.module, jax.random.PRNGKey(0))
   state = steps.new_state(params, "rl")
   critic = learner.init_critic(state.params, jax.random.PRNGKey(1))
-  eps = _episodes()
-  for i, e in enumerate(eps):          # a distinct last token marks each episode's row
+  episodes = _episodes()
+  for i, e in enumerate(episodes):          # a distinct last token marks each episode's row
     e.completion_ids = e.completion_ids[:-1] + [40 + i]
-  learner.update(state, critic, eps, [{"total": 0.0}] * 4, None, jax.random.PRNGKey(2))
+  learner.update(state, critic, episodes, [{"total": 0.0}] * 4, None, jax.random.PRNGKey(2))
   assert len(seen) == 6 and all(len(s) == 2 for s in seen)      # 3 epochs x 2 mini-batches
   for epoch in range(3):
     assert sorted(seen[2 * epoch] + seen[2 * epoch + 1]) == [40, 41, 42, 43]
@@ -195,13 +195,13 @@ def test_advantages_whitened_per_action_type():
     seen = {}
     steps.rl_step = lambda st, batch, start: (seen.update(
         {k: np.asarray(v) for k, v in batch.items()}) or st, {"loss": 0.0})
-    learner.value_step = lambda st, batch, start: (st, {"loss": 0.0})
+    learner.vf.value_step = lambda st, batch, start: (st, {"loss": 0.0})
     state = steps.new_state(init_params(steps.module, jax.random.PRNGKey(0)), "rl")
     crit = learner.init_critic(state.params, jax.random.PRNGKey(1))
-    eps = _episodes()
-    for e, b, r in zip(eps, bases, roles):
+    episodes = _episodes()
+    for e, b, r in zip(episodes, bases, roles):
       e.info = {"baseline": b, "role": r}
-    learner.update(state, crit, eps, [{"total": t} for t in totals], None,
+    learner.update(state, crit, episodes, [{"total": t} for t in totals], None,
                    jax.random.PRNGKey(2))
     adv = seen["advantages"]
     mask = seen["loss_mask"] > 0
@@ -255,15 +255,15 @@ def test_head_critic_reads_the_policy_backbone_and_trains_only_its_head():
   learner = learners.make_learner(c, steps, mesh, CFG, pad_id=0)
   state = steps.new_state(init_params(steps.module, jax.random.PRNGKey(0)), "rl")
   critic = learner.init_critic(state.params, jax.random.PRNGKey(3))
-  eps = _episodes()
+  episodes = _episodes()
   scores = [{"total": s} for s in (1.0, 0.0, 2.0, -1.0)]
-  host = pack([e.prompt_ids for e in eps], [e.completion_ids for e in eps],
-              [e.loss_mask for e in eps], pad_id=0, bucket=8)
+  host = pack([e.prompt_ids for e in episodes], [e.completion_ids for e in episodes],
+              [e.loss_mask for e in episodes], pad_id=0, bucket=8)
   batch = sharding.shard_batch(host, mesh)
   leaves = lambda t: [np.array(x) for x in jax.tree_util.tree_leaves(t)]
   policy0, head0 = leaves(state.params), leaves(critic.params["value_head"])   # (updates donate)
   backbone0 = leaves(state.params["model"])
-  state1, critic1, m1 = learner.update(state, critic, eps, scores, None, jax.random.PRNGKey(4))
+  state1, critic1, m1 = learner.update(state, critic, episodes, scores, None, jax.random.PRNGKey(4))
   # The policy moved; the critic's backbone is the policy's before this update, unchanged by
   # the value step, while its head moved.
   assert any(not np.array_equal(a, b) for a, b in zip(policy0, leaves(state1.params)))
@@ -273,15 +273,15 @@ def test_head_critic_reads_the_policy_backbone_and_trains_only_its_head():
   # Step 2 reads the moved policy: its values are the head's on state1's backbone.
   head_on_new = {"model": state1.params["model"], "value_head": critic1.params["value_head"]}
   head_on_old = {"model": critic1.params["model"], "value_head": critic1.params["value_head"]}
-  want = np.asarray(learner.value_fn(head_on_new, batch))
-  stale = np.asarray(learner.value_fn(head_on_old, batch))
+  want = np.asarray(learner.vf.value_fn(head_on_new, batch))
+  stale = np.asarray(learner.vf.value_fn(head_on_old, batch))
   mask = host["loss_mask"].astype(float)
   mask[:, 0] = 0
   assert not np.allclose(want, stale)
   ret = np.zeros_like(mask)
   for i, s in enumerate(scores):
     ret[i] = _hand_gae(want[i], mask[i], s["total"], 1.0, 0.95)[1]
-  _, _, m2 = learner.update(state1, critic1, eps, scores, None, jax.random.PRNGKey(5))
+  _, _, m2 = learner.update(state1, critic1, episodes, scores, None, jax.random.PRNGKey(5))
   ev = 1 - np.var((ret - want)[mask > 0]) / np.var(ret[mask > 0])
   assert m2["vf/explained_variance"] == pytest.approx(ev, rel=1e-4)
   for k in ("vf/loss", "pg_loss"):
@@ -345,11 +345,11 @@ def test_ppo_mini_batch_size_splits_each_epoch_by_episode_count():
   steps, learner, seen = _recording_learner(c, mesh)
   state = steps.new_state(init_params(steps.module, jax.random.PRNGKey(0)), "rl")
   critic = learner.init_critic(state.params, jax.random.PRNGKey(1))
-  eps = _episodes() + [Episode(example=None, prompt_ids=[8, 9], completion_ids=[19, 20],
+  episodes = _episodes() + [Episode(example=None, prompt_ids=[8, 9], completion_ids=[19, 20],
                                loss_mask=[1, 1], text="")]
-  for i, e in enumerate(eps):          # a distinct last token marks each episode's row
+  for i, e in enumerate(episodes):          # a distinct last token marks each episode's row
     e.completion_ids = e.completion_ids[:-1] + [40 + i]
-  state, critic, m = learner.update(state, critic, eps, [{"total": 0.0}] * 5, None,
+  state, critic, m = learner.update(state, critic, episodes, [{"total": 0.0}] * 5, None,
                                     jax.random.PRNGKey(2))
   # 5 episodes at 2 a mini-batch: round(2.5) = 2 mini-batches of 3 and 2, for 2 epochs.
   assert [len(s) for s in seen] == [3, 2, 3, 2] and m["updates"] == 4
@@ -421,12 +421,12 @@ def test_kl_form_reward_puts_minus_beta_kl_on_each_token_reward_and_drops_the_lo
   learner = learners.make_learner(c, steps, mesh, CFG, pad_id=0)
   params = init_params(steps.module, jax.random.PRNGKey(0))
   ref = init_params(steps.module, jax.random.PRNGKey(7))
-  eps = _episodes()
+  episodes = _episodes()
   totals, bases = (1.0, 0.0, 2.0, -1.0), (0.5, 0.5, 2.0, -1.0)
-  for e, b in zip(eps, bases):
+  for e, b in zip(episodes, bases):
     e.info = {"baseline": b}
-  host = pack([e.prompt_ids for e in eps], [e.completion_ids for e in eps],
-              [e.loss_mask for e in eps], pad_id=0, bucket=8)
+  host = pack([e.prompt_ids for e in episodes], [e.completion_ids for e in episodes],
+              [e.loss_mask for e in episodes], pad_id=0, bucket=8)
   dev = sharding.shard_batch(host, mesh)
   logp = np.asarray(steps.logp(params, dev, 0))
   ref_logp = np.asarray(steps.logp(ref, dev, 0))
@@ -441,7 +441,7 @@ def test_kl_form_reward_puts_minus_beta_kl_on_each_token_reward_and_drops_the_lo
   steps.rl_step = lambda st, batch, start: (seen.update(
       {k: np.asarray(v) for k, v in batch.items()}) or st, {"loss": 0.0})
   state = steps.new_state(params, "rl")
-  _, _, m = learner.update(state, None, eps, [{"total": t} for t in totals], ref,
+  _, _, m = learner.update(state, None, episodes, [{"total": t} for t in totals], ref,
                            jax.random.PRNGKey(2))
   np.testing.assert_allclose(seen["advantages"] * mask, want, rtol=1e-4, atol=1e-6)
   pen = -0.5 * ((logp - ref_logp) * mask).sum() / mask.sum()
