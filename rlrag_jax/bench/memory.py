@@ -80,9 +80,11 @@ class ShapeError(ValueError):
 
 
 def model_config(shape: str, *, vocab: Optional[int] = None, dtype: str = "bfloat16",
-                 param_dtype: str = "float32", remat: bool = True, attention_block: int = 512):
+                 param_dtype: str = "float32", remat: bool = True, attention_block: int = 512,
+                 layers: Optional[int] = None):
   """A `ModelConfig` from a SHAPES name or an HF config.json path, with the accelerator
-  presets' numerics (`config_base.use_hf_model`); `vocab` replaces the vocabulary size."""
+  presets' numerics (`config_base.use_hf_model`); `vocab` replaces the vocabulary size,
+  `layers` the number of decoder layers."""
   from rlrag_jax.models.config import ModelConfig
   if shape in SHAPES:
     d, source = dict(SHAPES[shape]), f"--shape {shape}"
@@ -107,6 +109,8 @@ def model_config(shape: str, *, vocab: Optional[int] = None, dtype: str = "bfloa
   over = dict(dtype=dtype, param_dtype=param_dtype, remat=remat, attention_block=attention_block)
   if vocab:
     over["vocab_size"] = int(vocab)
+  if layers:
+    over["num_layers"] = int(layers)
   return cfg.replace(**over)
 
 
@@ -342,12 +346,13 @@ def run(shape: str, *, sequences: int = 64, tokens: int = 512, micro_batches: in
         logits_chunk: Optional[int] = None, algo: str = "grpo", vocab: Optional[int] = None,
         decode_batch: int = 256, cached: int = 512, parts=("update", "prefill", "decode"),
         remat: bool = True, attention_block: int = 512, logits_start: int = 0,
-        devices=None, tokens_per_micro_batch: int = 0) -> list:
+        devices=None, tokens_per_micro_batch: int = 0, layers: Optional[int] = None) -> list:
   """The rows of every requested part for one shape; the update is FSDP-sharded over
   `devices` (default: every jax device), prefill and decode run on the first."""
   import jax
   from rlrag_jax.models import sharding as shd
-  cfg = model_config(shape, vocab=vocab, remat=remat, attention_block=attention_block)
+  cfg = model_config(shape, vocab=vocab, remat=remat, attention_block=attention_block,
+                     layers=layers)
   mesh = shd.make_mesh(data=1, fsdp=-1, tensor=1,
                        devices=jax.devices() if devices is None else devices)
   rows = []
@@ -450,11 +455,16 @@ def main(argv=None) -> int:
                   help="first position whose logits the update computes (0: every position)")
   ap.add_argument("--algo", choices=("grpo", "ppo"), default="grpo")
   ap.add_argument("--vocab", type=int, default=None, help="replace the shape's vocabulary size")
+  ap.add_argument("--layers", type=int, default=None,
+                  help="replace the shape's decoder layer count: the difference between two "
+                  "counts is the per-layer cost, their extrapolation the full model's, at a "
+                  "fraction of the compile time")
   ap.add_argument("--decode-batch", type=int, default=256)
   ap.add_argument("--cached", type=int, default=512, help="KV-cache slots of the decode step")
   ap.add_argument("--parts", default="update,prefill,decode")
   ap.add_argument("--no-remat", action="store_true")
-  ap.add_argument("--attention-block", type=int, default=512)
+  ap.add_argument("--attention-block", type=int, default=512,
+                  help="key block of the attention (model.attention_block; 0: dense)")
   ap.add_argument("--devices", type=int, default=1, help="host devices for the FSDP mesh")
   ap.add_argument("--json", action="store_true", help="one JSON object a line")
   ap.add_argument("--targets", action="store_true",
@@ -480,7 +490,7 @@ def main(argv=None) -> int:
                algo=args.algo, vocab=args.vocab, decode_batch=args.decode_batch,
                cached=args.cached, parts=parts, remat=not args.no_remat,
                attention_block=args.attention_block, logits_start=args.logits_start,
-               tokens_per_micro_batch=args.tokens_per_micro_batch)
+               tokens_per_micro_batch=args.tokens_per_micro_batch, layers=args.layers)
   except ShapeError as e:
     print(f"bench.memory: {e}", file=sys.stderr)
     return 2

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import math
 from typing import Optional
 
@@ -233,34 +234,51 @@ def _attend(q, k, v, allowed):
   return out.astype(q.dtype).reshape(b, t, h, d)
 
 
-def attend_blocked(q, k, v, allowed, block: int):
-  """`_attend` without the [T, S] score matrix: keys in blocks of `block` under an online
-  softmax (running max and sum per query), each block recomputed in the backward pass, so
-  memory grows with T * block instead of T * S. Equal to `_attend` on every query with at
-  least one allowed key; a query with none (a left-padding slot, never read) gets zeros.
-  """
-  b, t, h, d = q.shape
-  s, kv = k.shape[1], k.shape[2]
-  g = h // kv
+def _key_blocks(k, v, allowed, block: int):
+  """k/v [B,S,K,D], allowed [B,1,T,S] -> keys, values and mask in blocks of `block` along S
+  (the last block padded with disallowed keys): [N,B,blk,K,D] twice and [N,B,T,blk]."""
+  b, s, kv, d = k.shape
+  t = allowed.shape[2]
   nb = -(-s // block)
   pad = nb * block - s
   if pad:
     k = jnp.pad(k, ((0, 0), (0, pad), (0, 0), (0, 0)))
     v = jnp.pad(v, ((0, 0), (0, pad), (0, 0), (0, 0)))
     allowed = jnp.pad(allowed, ((0, 0), (0, 0), (0, 0), (0, pad)))
-  qg = q.reshape(b, t, kv, g, d)
-  kb = jnp.moveaxis(k.reshape(b, nb, block, kv, d), 1, 0)               # [N, B, blk, K, D]
+  kb = jnp.moveaxis(k.reshape(b, nb, block, kv, d), 1, 0)
   vb = jnp.moveaxis(v.reshape(b, nb, block, kv, d), 1, 0)
-  ab = jnp.moveaxis(allowed[:, 0].reshape(b, t, nb, block), 2, 0)        # [N, B, T, blk]
+  ab = jnp.moveaxis(allowed[:, 0].reshape(b, t, nb, block), 2, 0)
+  return kb, vb, ab
+
+
+def _unblock(xb, s: int):
+  """[N,B,blk,K,D] -> [B,S,K,D]: the inverse of `_key_blocks` on keys, padding dropped."""
+  n, b, blk, kv, d = xb.shape
+  return jnp.moveaxis(xb, 0, 1).reshape(b, n * blk, kv, d)[:, :s]
+
+
+def _block_scores(qg, kc, ac, scale):
+  """Scaled scores of queries qg [B,T,K,G,D] against one key block kc [B,blk,K,D] (f32,
+  [B,K,G,T,blk]) and where they are allowed ([B,1,1,T,blk])."""
+  sc = jnp.einsum("btkgd,bskd->bkgts", qg, kc, preferred_element_type=jnp.float32) * scale
+  return sc, ac[:, None, None]
+
+
+def _blocked_forward(q, k, v, allowed, block: int):
+  """The online softmax over key blocks: out [B,T,H,D] in q's dtype and the log-sum-exp of
+  each query's allowed scores [B,K,G,T] (f32; 0 for a query with no allowed key)."""
+  b, t, h, d = q.shape
+  kv = k.shape[2]
+  g = h // kv
+  kb, vb, ab = _key_blocks(k, v, allowed, block)
+  qg = q.reshape(b, t, kv, g, d)
   scale = np.float32(1.0 / math.sqrt(d))
   neg = jnp.finfo(jnp.float32).min
 
-  @jax.checkpoint
   def step(carry, xs):
     m, l, acc = carry              # [B, K, G, T], [B, K, G, T], [B, T, K, G, D] (f32)
     kc, vc, ac = xs
-    sc = jnp.einsum("btkgd,bskd->bkgts", qg, kc, preferred_element_type=jnp.float32) * scale
-    ok = ac[:, None, None]                                               # [B, 1, 1, T, blk]
+    sc, ok = _block_scores(qg, kc, ac, scale)
     sc = jnp.where(ok, sc, neg)
     m_new = jnp.maximum(m, jnp.max(sc, axis=-1))
     p = jnp.where(ok, jnp.exp(sc - m_new[..., None]), 0.0)
@@ -273,10 +291,70 @@ def attend_blocked(q, k, v, allowed, block: int):
 
   init = (jnp.full((b, kv, g, t), neg, jnp.float32), jnp.zeros((b, kv, g, t), jnp.float32),
           jnp.zeros((b, t, kv, g, d), jnp.float32))
-  (_, l, acc), _ = jax.lax.scan(step, init, (kb, vb, ab))
+  (m, l, acc), _ = jax.lax.scan(step, init, (kb, vb, ab))
+  live = l > 0
+  lse = jnp.where(live, m + jnp.log(jnp.where(live, l, 1.0)), 0.0)
   l = jnp.moveaxis(l, 3, 1)[..., None]                                  # [B, T, K, G, 1]
   out = jnp.where(l > 0, acc / jnp.where(l > 0, l, 1.0), 0.0)
-  return out.astype(q.dtype).reshape(b, t, h, d)
+  return out.astype(q.dtype).reshape(b, t, h, d), lse
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def attend_blocked(q, k, v, allowed, block: int):
+  """`_attend` without the [T, S] score matrix, forward or backward: keys in blocks of `block`
+  under an online softmax (running max and sum per query), so memory grows with T * block
+  instead of T * S. Equal to `_attend` on every query with at least one allowed key; a query
+  with none (a left-padding slot, never read) gets zeros and passes no gradient.
+
+  The backward pass is written out (`_blocked_backward`) rather than derived: reverse-mode of
+  the scan saved each step's carry, the [B, T, H, D] f32 accumulator once per key block, S /
+  block x T x H x D floats (D / block of the f32 score matrix: 1.75 GiB per device and layer for
+  the 7B's 4 x 4,096-token share of a micro-batch). Only q, k, v, the output and each query's
+  log-sum-exp are saved; each block's probabilities are recomputed from them.
+  """
+  return _blocked_forward(q, k, v, allowed, block)[0]
+
+
+def _attend_blocked_fwd(q, k, v, allowed, block):
+  out, lse = _blocked_forward(q, k, v, allowed, block)
+  return out, (q, k, v, allowed, out, lse)
+
+
+def _blocked_backward(block, res, g):
+  """Gradients of `attend_blocked` one key block at a time. With P = softmax(S) over the
+  allowed keys, O = P V and dO = g:
+    dV = P^T dO,  dP = dO V^T,  dS = P * (dP - rowsum(dO * O)),  dQ = dS K,  dK = dS^T Q
+  (scaled by 1/sqrt(D) where S is); rowsum(P * dP) = rowsum(dO * O) because O = P V.
+  P of a block is exp(S - lse) on its allowed keys: no running statistics are needed."""
+  q, k, v, allowed, out, lse = res
+  b, t, h, d = q.shape
+  s, kv = k.shape[1], k.shape[2]
+  gq = h // kv
+  kb, vb, ab = _key_blocks(k, v, allowed, block)
+  qg = q.reshape(b, t, kv, gq, d)
+  dog = g.astype(q.dtype).reshape(b, t, kv, gq, d)
+  delta = jnp.einsum("btkgd,btkgd->bkgt", dog.astype(jnp.float32),
+                     out.reshape(b, t, kv, gq, d).astype(jnp.float32))      # [B, K, G, T]
+  scale = np.float32(1.0 / math.sqrt(d))
+
+  def step(dq, xs):
+    kc, vc, ac = xs
+    sc, ok = _block_scores(qg, kc, ac, scale)
+    p = jnp.where(ok, jnp.exp(sc - lse[..., None]), 0.0)                 # [B, K, G, T, blk]
+    dv = jnp.einsum("bkgts,btkgd->bskd", p.astype(vc.dtype), dog,
+                    preferred_element_type=jnp.float32)
+    dp = jnp.einsum("btkgd,bskd->bkgts", dog, vc, preferred_element_type=jnp.float32)
+    ds = (p * (dp - delta[..., None]) * scale).astype(q.dtype)
+    dq = dq + jnp.einsum("bkgts,bskd->btkgd", ds, kc, preferred_element_type=jnp.float32)
+    dk = jnp.einsum("bkgts,btkgd->bskd", ds, qg, preferred_element_type=jnp.float32)
+    return dq, (dk, dv)
+
+  dq, (dkb, dvb) = jax.lax.scan(step, jnp.zeros((b, t, kv, gq, d), jnp.float32), (kb, vb, ab))
+  return (dq.astype(q.dtype).reshape(b, t, h, d), _unblock(dkb, s).astype(k.dtype),
+          _unblock(dvb, s).astype(v.dtype), None)
+
+
+attend_blocked.defvjp(_attend_blocked_fwd, _blocked_backward)
 
 
 class MLP(nn.Module):
