@@ -9,20 +9,46 @@ from __future__ import annotations
 import abc
 import dataclasses
 import importlib
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Hashable, Optional, Sequence
 
 from rlrag_jax import judge as judge_lib
 
 
 @dataclasses.dataclass
 class Episode:
-  """One finished rollout of one example: what the policy produced and what the env added."""
+  """One finished rollout of one example: what the policy produced and what the env added.
+
+  The fields after `info` are the ones the engine reads beyond the tokens; `info` is the
+  method's own (turns, queries, retrieved ids, roles, ...) and the engine reads none of it,
+  except the key that `rl.ppo.whiten_by` names.
+  """
   example: Any
   prompt_ids: list
   completion_ids: list          # everything after the prompt (policy + environment tokens)
   loss_mask: list               # 1 where the policy wrote the token
   text: str                     # decoded completion
-  info: dict = dataclasses.field(default_factory=dict)   # turns, queries, retrieved ids, ...
+  info: dict = dataclasses.field(default_factory=dict)   # the method's: turns, queries, ...
+  # Who is compared with whom by the group-relative advantages: episodes with equal `group`
+  # form one group, of any size (a tree decision's siblings). Either all of a step's episodes
+  # carry one or none does; None: the rollout's consecutive `rl.group_size` samples form a
+  # group.
+  group: Optional[Hashable] = None
+  # One reward per completion token (PPO's GAE uses them instead of the outcome reward on the
+  # last policy token); None: the outcome reward.
+  token_rewards: Optional[list] = None
+  # The Monte-Carlo value of the episode's state, e.g. its parent node's return in a rollout
+  # tree (`rollout.tree.Decision.base`): the value of every token with
+  # rl.ppo.critic='tree_mc', which refuses an episode without one.
+  baseline: Optional[float] = None
+  # A padding copy (`silenced`): its loss mask is all zero, it only keeps a batch's shape.
+  padding: bool = False
+
+  def silenced(self) -> Episode:
+    """A padding copy of this episode: the same tokens, the loss mask all zero and
+    `padding` set, so that a batch keeps its size and the copy adds nothing to the loss
+    (dynamic sampling's flat groups, a task padding its episode count)."""
+    return dataclasses.replace(self, loss_mask=[0] * len(self.loss_mask), info=dict(self.info),
+                               padding=True)
 
 
 class Task(abc.ABC):
@@ -48,9 +74,10 @@ class Task(abc.ABC):
   # Alternative engine paths, None where the task takes the engine's own:
   #   collect(policy, examples, rng, *, group_size, step) -> (episodes, reward dicts)
   #     rollouts that are not one stream per example (e.g. `rollout.tree.expand`); episodes may
-  #     set info['group'] (who is compared with whom) and info['token_rewards'] (per-token
-  #     rewards, PPO). None: one `rollout` per drawn batch, scored by `rewards`, with the
-  #     engine's dynamic sampling.
+  #     set Episode.group (who is compared with whom), Episode.token_rewards (per-token
+  #     rewards, PPO) and Episode.baseline (rl.ppo.critic='tree_mc'), and pad their count with
+  #     Episode.silenced() copies. None: one `rollout` per drawn batch, scored by `rewards`,
+  #     with the engine's dynamic sampling.
   #   sft_samples(example) -> [(prompt_ids, target_ids, loss_mask | None), ...]
   #     several SFT samples per example (roles, turns); SFT then batches samples. None: one
   #     sample per example, prompt_ids + sft_target_ids with sft_loss_mask.

@@ -3,14 +3,14 @@
 Three ways, in order of precedence:
   task.collect(policy, examples, rng, *, group_size, step) -> (episodes, scores)
       a task whose rollouts are not one stream per example (e.g. a tree of decisions); each
-      episode's `group` (Episode.info['group']) says which episodes are compared with each other.
+      episode's `Episode.group` says which episodes are compared with each other.
   rl.dynamic_sampling
       DAPO: groups whose `rl.dynamic_sampling_key` reward does not vary are dropped and fresh
       prompts drawn (`rl.fill_groups`, bounded tries). When tries run out, the batch is padded
-      back to its fixed size with dropped groups whose loss masks are zeroed, so the update's
-      shapes never change and the padding adds nothing to the loss. When no group at all was
-      kept, the last draw is trained on as drawn (its advantages come from the total reward,
-      which may vary where the sampling key did not).
+      back to its fixed size with dropped groups silenced (`Episode.silenced`: loss masks
+      zeroed, `padding` set), so the update's shapes never change and the padding adds nothing
+      to the loss. When no group at all was kept, the last draw is trained on as drawn (its
+      advantages come from the total reward, which may vary where the sampling key did not).
   otherwise
       one rollout of `rl.prompts_per_step` prompts x `rl.group_size` samples.
 
@@ -18,8 +18,6 @@ Rewards are asked in one call per batch when the task has `rewards(episodes, ste
 jitted encoder call), else episode by episode with `reward(episode, step)`.
 """
 from __future__ import annotations
-
-import dataclasses
 
 import jax
 
@@ -87,16 +85,9 @@ def collect(task, policy, rl_iter, key, config, step) -> tuple:
       if len(kept) == want:
         break
       if id(grp) not in kept_ids:
-        kept.append(([_silenced(e) for e in grp[0]], grp[1]))
+        kept.append(([e.silenced() for e in grp[0]], grp[1]))
         padded += 1
   return ([e for eps, _ in kept for e in eps], [s for _, sc in kept for s in sc],
           {"tries": float(res.tries), "dropped_groups": float(res.discarded),
            "padded_groups": float(padded)})
 
-
-def _silenced(episode):
-  """A padding copy of an episode: same tokens, loss mask all zero."""
-  if dataclasses.is_dataclass(episode):
-    return dataclasses.replace(episode, loss_mask=[0] * len(episode.loss_mask),
-                               info={**episode.info, "padding": True})
-  return episode

@@ -11,7 +11,7 @@
                                 value head on the policy's own current backbone, which only the
                                 policy loss trains; 'tree_mc': no value model, the value of a
                                 decision's state is its parent node's Monte-Carlo return in the
-                                rollout tree, Episode.info['baseline'], as VinePPO estimates
+                                rollout tree, Episode.baseline, as VinePPO estimates
                                 values by rollouts), the outcome reward on each episode's last
                                 policy token, GAE(gamma, lambda) per token, optional advantage
                                 whitening, a clipped value loss with its own lr, rl.mu epochs of
@@ -144,7 +144,7 @@ class OutcomeLearner:
       adv = np.asarray(self.estimate(jnp.asarray(totals), rl.group_size))
     elif self.algo == "rloo":
       raise ValueError("config key 'rl.algo' is 'rloo', which needs equal groups, but the task's "
-                       "episodes carry their own groups (Episode.info['group']); use 'grpo'")
+                       "episodes carry their own groups (Episode.group); use 'grpo'")
     else:
       adv = np.asarray(adv_lib.keyed_advantages(
           totals, keys, scale_std=self.algo == "grpo" and bool(rl.scale_std), eps=rl.adv_eps))
@@ -314,7 +314,7 @@ class ValueModelCritic(Critic):
 
 class TreeMCCritic(Critic):
   """rl.ppo.critic='tree_mc': no value model. Every token of a decision takes the Monte-Carlo
-  return of the decision's parent node in the rollout tree (Episode.info['baseline']) as its
+  return of the decision's parent node in the rollout tree (Episode.baseline) as its
   value, and GAE at lambda 1 gives it its return-to-go minus that. Nothing trains or is saved."""
   trains = False
   lam = 1.0
@@ -562,29 +562,29 @@ def _rows(labels, lab) -> np.ndarray:
 
 
 def _group_keys(episodes):
-  """Episode.info['group'] of every episode, or None when no episode names one (then groups
-  are the rollout's consecutive `rl.group_size` samples)."""
-  keys = [getattr(e, "info", {}).get("group") for e in episodes]
+  """Episode.group of every episode, or None when no episode names one (then groups are the
+  rollout's consecutive `rl.group_size` samples)."""
+  keys = [e.group for e in episodes]
   if all(k is None for k in keys):
     return None
   if any(k is None for k in keys):
-    raise ValueError("some episodes carry info['group'] and others do not; a task that groups "
-                     "its episodes must group all of them")
+    raise ValueError("some episodes carry an Episode.group and others do not; a task that "
+                     "groups its episodes must group all of them")
   return keys
 
 
 def _token_rewards(episodes, totals, host, mask):
-  """Rewards [B, T]: an episode's info['token_rewards'] (one per completion token, e.g. per
+  """Rewards [B, T]: an episode's Episode.token_rewards (one per completion token, e.g. per
   step) where given, else its total on its last policy token."""
   out = np.array(losses.outcome_token_rewards(jnp.asarray(totals), jnp.asarray(mask)))
   width = host["input_ids"].shape[1]
   p_len = max(len(e.prompt_ids) for e in episodes)
   for i, e in enumerate(episodes):
-    per = getattr(e, "info", {}).get("token_rewards")
+    per = e.token_rewards
     if per is None:
       continue
     if len(per) != len(e.completion_ids):
-      raise ValueError(f"episode {i}: info['token_rewards'] has {len(per)} entries for "
+      raise ValueError(f"episode {i}: Episode.token_rewards has {len(per)} entries for "
                        f"{len(e.completion_ids)} completion tokens")
     row = np.zeros(width, np.float32)
     row[p_len:p_len + len(per)] = per
@@ -593,17 +593,16 @@ def _token_rewards(episodes, totals, host, mask):
 
 
 def _tree_values(episodes, mask) -> np.ndarray:
-  """Values [B, T] for rl.ppo.critic='tree_mc': each episode's info['baseline'] (its parent
+  """Values [B, T] for rl.ppo.critic='tree_mc': each episode's Episode.baseline (its parent
   node's Monte-Carlo return, set by a tree rollout) on its loss tokens."""
   base = []
   for i, e in enumerate(episodes):
-    info = getattr(e, "info", {}) or {}
-    if "baseline" not in info:
+    if e.baseline is None:
       raise ValueError(
           f"config key 'rl.ppo.critic' is 'tree_mc', but episode {i} has no "
-          "info['baseline'] (the Monte-Carlo value of its state); only a tree rollout that "
+          "Episode.baseline (the Monte-Carlo value of its state); only a tree rollout that "
           "records its decisions' parent returns (rollout.tree.Decision.base) provides it")
-    base.append(float(info["baseline"]))
+    base.append(float(e.baseline))
   return np.asarray(base, np.float32)[:, None] * np.asarray(mask, np.float32)
 
 

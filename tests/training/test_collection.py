@@ -56,7 +56,7 @@ def test_dynamic_sampling_pads_to_a_fixed_batch_with_silenced_groups():
   assert [e.example for e in eps] == ["a", "a", "a", "a", "f", "f"]
   assert fill == {"tries": 2.0, "dropped_groups": 2.0, "padded_groups": 1.0}
   assert [sum(e.loss_mask) for e in eps] == [2, 2, 2, 2, 0, 0]
-  assert eps[4].info["padding"] and not eps[0].info.get("padding")
+  assert eps[4].padding and not eps[0].padding
 
 
 def test_a_task_collect_hook_replaces_the_rollout():
@@ -64,7 +64,7 @@ def test_a_task_collect_hook_replaces_the_rollout():
     def collect(self, policy, exs, key, *, group_size, step):
       eps = [_ep("t", v) for v in (1.0, 0.0, 5.0)]
       for e, g in zip(eps, (7, 7, 9)):
-        e.info["group"] = g
+        e.group = g
       return eps, [{"total": e.info["value"]} for e in eps]
 
   eps, scores, _ = collection.collect(Task(), None, itertools.repeat(["x"]),
@@ -76,7 +76,7 @@ def test_a_task_collect_hook_replaces_the_rollout():
 
 
 def test_token_rewards_land_on_their_completion_tokens():
-  eps = [Episode(None, [5, 6, 7], [10, 11, 12], [1, 0, 1], "", {"token_rewards": [0.5, 9.0, 2.0]}),
+  eps = [Episode(None, [5, 6, 7], [10, 11, 12], [1, 0, 1], "", token_rewards=[0.5, 9.0, 2.0]),
          Episode(None, [8], [13, 14], [1, 1], "")]
   host = pack([e.prompt_ids for e in eps], [e.completion_ids for e in eps],
               [e.loss_mask for e in eps], bucket=4)
@@ -86,12 +86,12 @@ def test_token_rewards_land_on_their_completion_tokens():
   # episode without per-token rewards gets its total on its last policy token.
   np.testing.assert_allclose(got, [[0, 0, 0, 0.5, 0, 2.0, 0, 0],
                                    [0, 0, 0, 0, 3.0, 0, 0, 0]])
-  bad = [Episode(None, [1], [2, 3], [1, 1], "", {"token_rewards": [1.0]})]
+  bad = [Episode(None, [1], [2, 3], [1, 1], "", token_rewards=[1.0])]
   with pytest.raises(ValueError, match="1 entries for 2 completion tokens"):
     learners._token_rewards(bad, np.zeros(1, np.float32),
                             pack([[1]], [[2, 3]], bucket=4), np.ones((1, 4), np.float32))
   with pytest.raises(ValueError, match="must group all of them"):
-    learners._group_keys([Episode(None, [1], [2], [1], "", {"group": 1}),
+    learners._group_keys([Episode(None, [1], [2], [1], "", group=1),
                           Episode(None, [1], [2], [1], "")])
 
 

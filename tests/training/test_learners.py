@@ -99,7 +99,7 @@ def test_ppo_update_uses_hand_computed_gae_and_value_loss():
 
 def test_tree_mc_advantage_is_the_return_minus_the_parent_value():
   """rl.ppo.critic='tree_mc': no value model; every policy token's advantage is its discounted
-  return-to-go minus its episode's info['baseline'], computed here by an explicit formula."""
+  return-to-go minus its episode's Episode.baseline, computed here by an explicit formula."""
   mesh = sharding.make_mesh(data=1, fsdp=1, tensor=1)
   c = _config("ppo", critic="tree_mc", gamma=0.9, whiten=False, mini_batches=1)
   c.rl.mu = 1
@@ -113,7 +113,7 @@ def test_tree_mc_advantage_is_the_return_minus_the_parent_value():
   episodes = _episodes()
   bases = (0.5, 0.5, 2.0, -1.0)      # the last row's one token ends at its value: A = 0
   for e, b in zip(episodes, bases):
-    e.info = {"baseline": b}
+    e.baseline = b
   scores = [{"total": s} for s in (1.0, 0.0, 2.0, -1.0)]
   hand, toks = 0.0, 0
   for e, s, b in zip(episodes, scores, bases):
@@ -136,8 +136,8 @@ def test_tree_mc_advantage_is_the_return_minus_the_parent_value():
   learner = learners.make_learner(c, steps, mesh, CFG, pad_id=0)
   _, _, m = learner.update(fresh(), None, episodes, scores, None, jax.random.PRNGKey(4))
   assert m["pg_loss"] == pytest.approx(-np.mean(adv) / np.std(adv), rel=1e-5)
-  episodes[2].info = {}
-  with pytest.raises(ValueError, match=r"tree_mc.*episode 2 has no info\['baseline'\]"):
+  episodes[2].baseline = None
+  with pytest.raises(ValueError, match=r"tree_mc.*episode 2 has no Episode.baseline"):
     learner.update(fresh(), None, episodes, scores, None, jax.random.PRNGKey(4))
 
 
@@ -200,7 +200,7 @@ def test_advantages_whitened_per_action_type():
     crit = learner.init_critic(state.params, jax.random.PRNGKey(1))
     episodes = _episodes()
     for e, b, r in zip(episodes, bases, roles):
-      e.info = {"baseline": b, "role": r}
+      e.baseline, e.info = b, {"role": r}
     learner.update(state, crit, episodes, [{"total": t} for t in totals], None,
                    jax.random.PRNGKey(2))
     adv = seen["advantages"]
@@ -424,7 +424,7 @@ def test_kl_form_reward_puts_minus_beta_kl_on_each_token_reward_and_drops_the_lo
   episodes = _episodes()
   totals, bases = (1.0, 0.0, 2.0, -1.0), (0.5, 0.5, 2.0, -1.0)
   for e, b in zip(episodes, bases):
-    e.info = {"baseline": b}
+    e.baseline = b
   host = pack([e.prompt_ids for e in episodes], [e.completion_ids for e in episodes],
               [e.loss_mask for e in episodes], pad_id=0, bucket=8)
   dev = sharding.shard_batch(host, mesh)

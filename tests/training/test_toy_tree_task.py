@@ -110,8 +110,8 @@ class ToyTreeTask(Task):
     for d in forest.decisions():
       prompt, comp = d.sample
       episodes.append(Episode(example=examples[d.tree], prompt_ids=prompt, completion_ids=comp,
-                              loss_mask=[1] * len(comp), text="",
-                              info={"group": d.group, "action": d.action}))
+                              loss_mask=[1] * len(comp), text="", group=d.group,
+                              info={"action": d.action}))
       scores.append({"total": d.ret})
     return episodes, scores
 

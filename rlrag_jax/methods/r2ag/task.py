@@ -219,7 +219,7 @@ class SteeringTask(Task):
       self.forest.expand(it, outcomes)
       self._groups += 1
       for ep in eps:
-        ep.info["group"] = f"g{self._groups}"
+        ep.group = f"g{self._groups}"
       groups.append((eps, scs))
     return groups
 
@@ -241,7 +241,7 @@ class SteeringTask(Task):
       kept += [gr for gr in more if _spread(gr[1])]
       dropped += [gr for gr in more if not _spread(gr[1])]
     n_kept = min(len(kept), want)
-    out = kept[:want] + [(_silence(e), s) for e, s in dropped[:want - n_kept]]
+    out = kept[:want] + [([e.silenced() for e in eps], s) for eps, s in dropped[:want - n_kept]]
     episodes = [e for eps, _ in out for e in eps]
     scores = [dict(s, kept_group=float(i < n_kept)) for i, (_, scs) in enumerate(out)
               for s in scs]
@@ -407,11 +407,6 @@ def later_step_counts(outputs, gold) -> dict:
 
 def _spread(scores) -> bool:
   return float(np.std([s["total"] for s in scores])) > 0
-
-
-def _silence(episodes) -> list:
-  return [dataclasses.replace(e, loss_mask=[0] * len(e.loss_mask),
-                              info={**e.info, "padding": True}) for e in episodes]
 
 
 class GeneratorTask(Task):

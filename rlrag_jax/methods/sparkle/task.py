@@ -457,8 +457,8 @@ class ProxyTask(Task):
         episodes.append(Episode(example=examples[d.tree],
                                 prompt_ids=self.role_prompt_ids(smp.role, smp.prompt),
                                 completion_ids=comp, loss_mask=[1] * len(comp), text="",
-                                info={"group": d.group, "role": smp.role,
-                                      "forced": smp.forced, "baseline": float(d.base)}))
+                                info={"role": smp.role, "forced": smp.forced},
+                                group=d.group, baseline=float(d.base)))
         scores.append({"total": float(d.ret), **{f"is_{r}": float(smp.role == r)
                                                    for r in agent_lib.ROLES}, **stats})
     if not episodes:        # every question answered before any decision: nothing to learn
@@ -467,15 +467,12 @@ class ProxyTask(Task):
       episodes.append(Episode(example=examples[0],
                               prompt_ids=self.encode(self._probe_agent().rd_prompt(st)),
                               completion_ids=comp, loss_mask=[0] * len(comp), text="",
-                              info={"group": -1, "role": "rd", "padding": True,
-                                    "baseline": 0.0}))
+                              info={"role": "rd"}, group=-1, baseline=0.0, padding=True))
       scores.append({"total": 0.0, **{f"is_{r}": 0.0 for r in agent_lib.ROLES}, **stats})
     unit = batching.episode_unit(self.config.rl)    # the smallest multiple of it >= 8
     want = geometric_round(len(episodes), unit * -(-8 // unit), per_octave=2)
     for k in range(want - len(episodes)):
-      e = episodes[k % len(episodes)]
-      episodes.append(dataclasses.replace(e, loss_mask=[0] * len(e.loss_mask),
-                                          info={**e.info, "padding": True}))
+      episodes.append(episodes[k % len(episodes)].silenced())
       scores.append(dict(scores[k % len(scores)]))
     return episodes, scores
 
