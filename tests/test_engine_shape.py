@@ -1,6 +1,7 @@
 """The engine's shape that issue 33 asks for, checked from the source: no function in `training/`,
 `rollout/` or `rl/` over 60 lines or nested deeper than 4; no task probed with hasattr/getattr;
-no method or engine module importing upward (`trainer`, `training`, `experiments`)."""
+no method or engine module importing upward (`trainer`, `training`, `experiments`); no engine
+module reading `Episode.info` for what travels in Episode's typed fields."""
 import ast
 import pathlib
 
@@ -74,3 +75,69 @@ def test_no_task_is_probed():
           if any(s in line for s in ("hasattr(task", "hasattr(run.task", "getattr(task",
                                      "getattr(run.task"))]
   assert not hits, hits
+
+
+# Episode's typed engine fields; `info` is the method's own. The engine's modules:
+ENGINE_FIELDS = ("group", "token_rewards", "baseline", "padding")
+ENGINE = ("training", "rollout", "rl", "sampling", "experiments", "evaluation.py", "trainer.py")
+
+
+def _is_info(node) -> bool:
+  """`info`, `x.info` or `getattr(x, "info", ...)`."""
+  if isinstance(node, ast.Call):
+    return (isinstance(node.func, ast.Name) and node.func.id == "getattr"
+            and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant)
+            and node.args[1].value == "info")
+  return (isinstance(node, ast.Name) and node.id == "info"
+          or isinstance(node, ast.Attribute) and node.attr == "info")
+
+
+def _info_reads(src: str, keys=ENGINE_FIELDS) -> list:
+  """(line, key) of every `info[key]` (read or written), `info.get(key)` (or pop,
+  setdefault), `key in info` and `info={key: ...}` in `src`, for the given string keys."""
+  key_of = lambda n: n.value if isinstance(n, ast.Constant) and n.value in keys else None
+  hits = []
+  for node in ast.walk(ast.parse(src)):
+    if isinstance(node, ast.Subscript) and _is_info(node.value):
+      k = key_of(node.slice)
+    elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+          and node.func.attr in ("get", "pop", "setdefault") and _is_info(node.func.value)
+          and node.args):
+      k = key_of(node.args[0])
+    elif (isinstance(node, ast.Compare) and len(node.ops) == 1
+          and isinstance(node.ops[0], (ast.In, ast.NotIn)) and _is_info(node.comparators[0])):
+      k = key_of(node.left)
+    elif isinstance(node, ast.keyword) and node.arg == "info" and isinstance(node.value, ast.Dict):
+      k = next((key_of(n) for n in node.value.keys if key_of(n)), None)
+      node = node.value
+    else:
+      continue
+    if k is not None:
+      hits.append((node.lineno, k))
+  return sorted(hits)
+
+
+def test_info_reads_are_found_by_hand():
+  # The reads the engine made before the typed fields (training/learners.py, collection.py).
+  src = ("keys = [getattr(e, 'info', {}).get('group') for e in episodes]\n"
+         "per = getattr(e, 'info', {}).get('token_rewards')\n"
+         "if 'baseline' not in info:\n  base.append(float(info['baseline']))\n"
+         "x = e.info['padding']\n"
+         "y = e.info['role'] + e.group + info.get(key) + other['baseline']\n"
+         "c = replace(e, loss_mask=m, info={**e.info, 'padding': True})\n")
+  assert _info_reads(src) == [(1, "group"), (2, "token_rewards"), (3, "baseline"),
+                              (4, "baseline"), (5, "padding"), (7, "padding")]
+
+
+@pytest.mark.parametrize("where", ["engine", "methods"])
+def test_no_typed_field_travels_in_info(where):
+  """The engine reads them from Episode's fields, so a method that still wrote them into info
+  would be ignored without a word (its groups, say): neither side may use those info keys."""
+  names = ENGINE if where == "engine" else ("methods", "tasks.py")
+  paths = [p for name in names if (ROOT / name).is_dir()
+           for p in sorted((ROOT / name).rglob("*.py"))] + \
+      [ROOT / n for n in names if n.endswith(".py")]
+  assert len(paths) > 20
+  bad = [f"{p.relative_to(ROOT.parent)}:{line}: info[{k!r}]; the field is Episode.{k}"
+         for p in paths for line, k in _info_reads(p.read_text())]
+  assert not bad, "\n".join(bad)
