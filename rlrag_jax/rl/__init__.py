@@ -5,7 +5,8 @@ and the sharded jitted train steps. Algorithms are pure functions looked up by n
 from rlrag_jax.rl.advantages import (ADVANTAGE_ESTIMATORS, gae, group_advantages, keyed_advantages,
                                      masked_whiten,
                                      rloo_advantages)
-from rlrag_jax.rl.dynamic_sampling import FillResult, fill_groups, filter_zero_spread_groups
+from rlrag_jax.rl.dynamic_sampling import (FillResult, fill_groups, filter_zero_spread_groups,
+                                           pad_groups)
 from rlrag_jax.rl.kl import KL_ESTIMATORS, kl
 from rlrag_jax.rl.logprobs import (completion_logprobs, shift_logprobs, token_entropy,
                                    token_logprobs)
@@ -20,7 +21,8 @@ from rlrag_jax.rl.train_step import (LossConfig, OptimizerConfig, TrainState, ab
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS", "gae", "group_advantages", "keyed_advantages", "masked_whiten", "rloo_advantages",
-    "FillResult", "fill_groups", "filter_zero_spread_groups", "KL_ESTIMATORS", "kl",
+    "FillResult", "fill_groups", "filter_zero_spread_groups", "pad_groups", "KL_ESTIMATORS",
+    "kl",
     "completion_logprobs", "shift_logprobs", "token_entropy", "token_logprobs", "AGGREGATIONS",
     "aggregate", "aggregation_terms", "kl_penalty_rewards", "outcome_token_rewards",
     "policy_loss", "ppo_token_loss", "sft_loss", "value_loss", "value_token_loss", "LossConfig",

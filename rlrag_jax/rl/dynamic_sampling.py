@@ -1,5 +1,6 @@
 """DAPO dynamic sampling: drop groups whose rewards are all equal (zero advantage, no signal) and
-keep drawing prompts until a batch of informative groups is full. Host-side numpy; the sizes
+keep drawing prompts until a batch of informative groups is full; when tries run out, pad the
+batch back to its size with silenced dropped groups (`pad_groups`). Host-side numpy; the sizes
 vary from draw to draw, so none of this is jitted.
 """
 from __future__ import annotations
@@ -94,3 +95,14 @@ def fill_groups(sample_fn: Callable[[int], tuple], target_groups: int, max_tries
   return FillResult(groups=kept, rewards=rewards_arr, tries=tries, drawn=drawn,
                     discarded=discarded, complete=len(kept) == target_groups)
 
+
+
+def pad_groups(kept: list, dropped: list, target_groups: int) -> tuple:
+  """(groups, padded): the first `target_groups` of `kept`, then, while fewer, silenced copies
+  (`Episode.silenced`: loss mask zeroed) of the first `dropped` groups, so the update's shapes
+  stay fixed and the padding adds nothing to the loss; `padded` counts them. A group is
+  (episodes, reward dicts); the reward dicts stay as drawn. The engine's dynamic sampling and a
+  task that drops flat groups in its own `collect` (R2AG) both pad with it."""
+  out = list(kept[:target_groups])
+  fill = list(dropped[:target_groups - len(out)])
+  return out + [([e.silenced() for e in eps], scores) for eps, scores in fill], len(fill)

@@ -81,12 +81,8 @@ def collect(task, policy, rl_iter, key, config, step) -> tuple:
     kept = drawn[-want:]
   elif len(kept) < want:
     kept_ids = {id(grp) for grp in kept}
-    for grp in drawn:
-      if len(kept) == want:
-        break
-      if id(grp) not in kept_ids:
-        kept.append(([e.silenced() for e in grp[0]], grp[1]))
-        padded += 1
+    kept, padded = dynamic_sampling.pad_groups(
+        kept, [grp for grp in drawn if id(grp) not in kept_ids], want)
   return ([e for eps, _ in kept for e in eps], [s for _, sc in kept for s in sc],
           {"tries": float(res.tries), "dropped_groups": float(res.discarded),
            "padded_groups": float(padded)})

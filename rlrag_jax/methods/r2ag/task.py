@@ -27,6 +27,7 @@ from rlrag_jax.data import sources
 from rlrag_jax.methods.r2ag import forest as forest_lib
 from rlrag_jax.methods.r2ag import inference, parsing, prompts, rewards
 from rlrag_jax.retrieval.corpus_search import CorpusSearch
+from rlrag_jax.rl import dynamic_sampling
 from rlrag_jax.rollout.single_turn import completion_ids, decode_keeping_tags
 from rlrag_jax.tasks import Episode, Task
 
@@ -241,7 +242,7 @@ class SteeringTask(Task):
       kept += [gr for gr in more if _spread(gr[1])]
       dropped += [gr for gr in more if not _spread(gr[1])]
     n_kept = min(len(kept), want)
-    out = kept[:want] + [([e.silenced() for e in eps], s) for eps, s in dropped[:want - n_kept]]
+    out, _ = dynamic_sampling.pad_groups(kept, dropped, want)
     episodes = [e for eps, _ in out for e in eps]
     scores = [dict(s, kept_group=float(i < n_kept)) for i, (_, scs) in enumerate(out)
               for s in scs]
