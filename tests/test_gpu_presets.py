@@ -105,13 +105,13 @@ def _shrunk(name, workdir, tmp_path):
 
 
 def _helper(c, workdir):
-  """A frozen helper model trained tiny (1 SFT step, 2 layers of 64) on the same small world,
+  """A frozen helper model trained tiny (1 SFT step, 1 layer of 64) on the same small world,
   its retrieval index cached beside it for the run to reuse."""
   c.workdir = str(workdir)
   c.retrieval.cache_dir = str(workdir.parent / "retriever")
   c.data.world.update(WORLD)
   c.data.max_eval = 2
-  c.model.update(dict(hidden_size=64, intermediate_size=128, num_layers=2, num_heads=2,
+  c.model.update(dict(hidden_size=64, intermediate_size=128, num_layers=1, num_heads=2,
                       num_kv_heads=1, head_dim=32))
   c.sft.update(dict(steps=1, batch_size=4))
   c.eval.update(dict(num_examples=2, batch_size=2))

@@ -7,7 +7,7 @@ blocked attention); the overrides only make it small: a tiny random HF checkpoin
 eval disjoint, 2 RL steps, short completions. Each run is killed after step 1, resumed, evaluated
 and exported, and the export is reloaded in `transformers` with matching logits.
 
-A random tiny model earns zero reward, so each preset also runs one RL step on the same real
+A random tiny model earns zero reward, so each preset's first RL step runs on the same real
 prompts with a stub reward that varies: its advantages are non-zero and the parameters move at the
 preset's own learning rate (3e-6 / 1e-6: these would round away in bfloat16 params).
 """
@@ -21,7 +21,7 @@ from _deps import require
 from configs import apex_planner, arena, search
 from rlrag_jax import trainer
 from rlrag_jax.models import LM, load_hf
-from hf_tiny import load_reference, make_tiny_checkpoint
+from hf_tiny import E2E_HF, load_reference, make_tiny_checkpoint
 
 pytestmark = pytest.mark.slow
 
@@ -91,47 +91,14 @@ def _questions(examples):
   return {ex.question for ex in examples}
 
 
-@pytest.mark.parametrize("name", sorted(PRESETS))
-def test_paper_preset_trains_resumes_evaluates_and_exports(name, tmp_path):
-  torch = require("torch")
-  make, arch = PRESETS[name]
-  ckpt = make_tiny_checkpoint(tmp_path, arch, max_position_embeddings=4096)
-  c = make(ckpt, tmp_path / "run")
-  from rlrag_jax.tasks import get_task
-  task = get_task(c.method, c)
-  assert task.train and task.eval
-  assert not _questions(task.train) & _questions(task.eval), "train and eval overlap"
-
-  assert trainer.run(c, progress=False, stop_after=1) is None          # killed after step 1
-  res = trainer.run(make(ckpt, tmp_path / "run"), progress=False, resume=True)
-  rows = [json.loads(l) for l in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-  assert [r["step"] for r in rows if r["stage"] == "rl"] == [1, 2]
-  assert {"eval_before", "eval_after"} <= {r["stage"] for r in rows}
-  assert res.after["all"]["n"] == 2
-
-  # The export loads in transformers with our trained params' logits (float32 compute).
-  ref = load_reference(tmp_path / "run" / "hf")
-  ids = np.array([[1, 40, 41, 77, 90, 33, 2]])
-  with torch.no_grad():
-    want = ref(input_ids=torch.tensor(ids)).logits.numpy()
-  ours = LM(res.model_config.replace(dtype="float32"), res.params).logits(ids)
-  np.testing.assert_allclose(np.asarray(ours), want, atol=1e-4, rtol=1e-4)
-
-
-@pytest.mark.parametrize("name,arch", [("arena", "qwen2"), ("search", "llama"),
-                                       ("arena", "qwen3")])   # Qwen3 trains too (q/k norms)
-def test_paper_preset_rl_step_moves_params_under_a_varying_reward(name, arch, tmp_path,
-                                                                  monkeypatch):
-  make = PRESETS[name][0]
-  ckpt = make_tiny_checkpoint(tmp_path, arch, max_position_embeddings=4096)
-  c = make(ckpt, tmp_path / "run")
-  c.rl.steps, c.checkpoint.every, c.export_hf = 1, 0, False
-  lr = c.rl.lr
-  real_get_task, seen = trainer.get_task, []
+def _varying_reward(monkeypatch, seen):
+  """Every task `trainer.run` builds gets a stub reward that varies within every group of
+  distinct completions (a deterministic hash of the tokens), and every advantage array the
+  update computes is appended to `seen`."""
+  real_get_task = trainer.get_task
 
   def stub_task(method, config):
     task = real_get_task(method, config)
-    # Varies within every group of distinct completions: a deterministic hash of the tokens.
     def reward(ep, step):
       total = float(hash(tuple(ep.completion_ids)) % 997)
       return {"total": total, "correct": total % 2}     # 'correct': search's sampling key
@@ -151,12 +118,63 @@ def test_paper_preset_rl_step_moves_params_under_a_varying_reward(name, arch, tm
 
   monkeypatch.setattr(trainer, "get_task", stub_task)
   monkeypatch.setattr(learners.adv_lib, "group_advantages", recording_adv)
+
+
+def _assert_moved(params, ckpt, lr):
+  """The params moved from the checkpoint's by more than a tenth of one step at `lr`, and the
+  master copy stayed float32."""
+  start = load_hf(ckpt, param_dtype="float32").params
+  moved = [float(np.abs(np.asarray(a, np.float32) - np.asarray(b, np.float32)).max())
+           for a, b in zip(jax.tree_util.tree_leaves(params), jax.tree_util.tree_leaves(start))]
+  assert max(moved) > 0.1 * lr, (max(moved), lr)
+  assert all(np.asarray(x).dtype == np.float32 for x in jax.tree_util.tree_leaves(params))
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_paper_preset_trains_resumes_evaluates_and_exports(name, tmp_path, monkeypatch):
+  """Step 1 under the varying stub reward (a random tiny model earns zero real reward): its
+  advantages are non-zero and the parameters move at the preset's own learning rate. The run is
+  killed after it, resumed (step 2 under the task's own reward), evaluated and exported."""
+  torch = require("torch")
+  make, arch = PRESETS[name]
+  ckpt = make_tiny_checkpoint(tmp_path, arch, **E2E_HF)
+  c = make(ckpt, tmp_path / "run")
+  from rlrag_jax.tasks import get_task
+  task = get_task(c.method, c)
+  assert task.train and task.eval
+  assert not _questions(task.train) & _questions(task.eval), "train and eval overlap"
+
+  seen = []
+  with monkeypatch.context() as m:
+    _varying_reward(m, seen)
+    assert trainer.run(c, progress=False, stop_after=1) is None        # killed after step 1
+  assert len(seen) == 1 and np.abs(seen[0]).max() > 0, seen
+  res = trainer.run(make(ckpt, tmp_path / "run"), progress=False, resume=True)
+  rows = [json.loads(l) for l in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+  assert [r["step"] for r in rows if r["stage"] == "rl"] == [1, 2]
+  assert {"eval_before", "eval_after"} <= {r["stage"] for r in rows}
+  assert res.after["all"]["n"] == 2
+  # The master params moved at the preset's learning rate (step 1 had non-zero advantages).
+  _assert_moved(res.params, ckpt, c.rl.lr)
+
+  # The export loads in transformers with our trained params' logits (float32 compute).
+  ref = load_reference(tmp_path / "run" / "hf")
+  ids = np.array([[1, 40, 41, 77, 90, 33, 2]])
+  with torch.no_grad():
+    want = ref(input_ids=torch.tensor(ids)).logits.numpy()
+  ours = LM(res.model_config.replace(dtype="float32"), res.params).logits(ids)
+  np.testing.assert_allclose(np.asarray(ours), want, atol=1e-4, rtol=1e-4)
+
+
+def test_qwen3_paper_preset_rl_step_moves_params_under_a_varying_reward(tmp_path, monkeypatch):
+  """Qwen3 (q/k norms) trains under the ARENA preset: one RL step, non-zero advantages, params
+  moved."""
+  ckpt = make_tiny_checkpoint(tmp_path, "qwen3", **E2E_HF)
+  c = arena_paper(ckpt, tmp_path / "run")
+  c.rl.steps, c.checkpoint.every, c.export_hf = 1, 0, False
+  seen = []
+  _varying_reward(monkeypatch, seen)
   monkeypatch.setattr(trainer, "_evaluate", lambda *a, **k: {"all": {"n": 0}, "rows": []})
   res = trainer.run(c, progress=False)
   assert len(seen) == 1 and np.abs(seen[0]).max() > 0, seen
-  start = load_hf(ckpt, param_dtype="float32").params
-  moved = [float(np.abs(np.asarray(a, np.float32) - np.asarray(b, np.float32)).max())
-           for a, b in zip(jax.tree_util.tree_leaves(res.params),
-                           jax.tree_util.tree_leaves(start))]
-  assert max(moved) > 0.1 * lr, (max(moved), lr)
-  assert all(np.asarray(x).dtype == np.float32 for x in jax.tree_util.tree_leaves(res.params))
+  _assert_moved(res.params, ckpt, c.rl.lr)

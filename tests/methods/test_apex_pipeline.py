@@ -110,8 +110,8 @@ def test_paper_presets_train_on_real_data_and_run_the_pipeline(tmp_path, shared_
   executor's SFT is killed, resumes and finishes; the pipeline then runs every cell on MuSiQue
   dev, the 'exec SFT off' cells with the untrained checkpoint."""
   require("torch")
-  from hf_tiny import make_tiny_checkpoint
-  ckpt = make_tiny_checkpoint(tmp_path, "qwen2", max_position_embeddings=4096)
+  from hf_tiny import E2E_HF, make_tiny_checkpoint
+  ckpt = make_tiny_checkpoint(tmp_path, "qwen2", **E2E_HF)
 
   def executor_cfg():
     e = apex_executor.get_config("paper")

@@ -7,7 +7,7 @@ import ml_collections
 import pytest
 
 from _deps import require
-from configs import r2ag, r2ag_generator
+from configs import r2ag
 from rlrag_jax import config_base, trainer
 from rlrag_jax.methods.r2ag import parsing
 from rlrag_jax.methods.r2ag import task as r2ag_task
@@ -22,7 +22,7 @@ def _small(c, workdir):
   c.workdir = str(workdir)
   c.data.world = config_base.world_config(**WORLD)
   c.data.max_eval = 6
-  c.model.update(dict(hidden_size=64, intermediate_size=128, num_layers=2, num_heads=2,
+  c.model.update(dict(hidden_size=64, intermediate_size=128, num_layers=1, num_heads=2,
                       num_kv_heads=1, head_dim=32, vocab_size=1024))
   c.sft.update(dict(steps=6, batch_size=8))
   c.eval.update(dict(num_examples=6, batch_size=6, max_new_tokens=40))
@@ -30,24 +30,46 @@ def _small(c, workdir):
   return c
 
 
-def _generator_cfg(workdir):
-  g = _small(r2ag_generator.get_config(""), workdir)
-  g.sft.steps = 3
-  return g
-
-
 def _steering_cfg(workdir, generator):
   c = _small(r2ag.get_config(""), workdir)
   c.models.generator = ml_collections.ConfigDict(dict(path=str(generator)))
-  c.rl.update(dict(steps=4, prompts_per_step=3, group_size=4, max_new_tokens=40))
+  c.rl.update(dict(steps=3, prompts_per_step=3, group_size=4, max_new_tokens=40))
   c.r2ag.forest.update(dict(size=4, max_iterations=3, max_children=2, max_size=4))
   return c
 
 
+def _generator_cfg_file(folder) -> str:
+  """A config file for the generator: `configs/r2ag_generator.py` shrunk like the runs here."""
+  f = folder / "gen_cfg.py"
+  f.write_text(
+      "from configs import r2ag_generator\n"
+      "from rlrag_jax import config_base\n"
+      "def get_config(arg=''):\n"
+      "  c = r2ag_generator.get_config('')\n"
+      f"  c.data.world = config_base.world_config(**{WORLD!r})\n"
+      "  c.data.max_eval = 6\n"
+      "  c.model.update(dict(hidden_size=64, intermediate_size=128, num_layers=1, num_heads=2,"
+      " num_kv_heads=1, head_dim=32, vocab_size=1024))\n"
+      "  c.sft.update(dict(steps=3, batch_size=8))\n"
+      "  c.eval.update(dict(num_examples=6, batch_size=6, max_new_tokens=40))\n"
+      "  return c\n")
+  return str(f)
+
+
 @pytest.fixture(scope="module")
 def generator(tmp_path_factory):
-  path = tmp_path_factory.mktemp("gen") / "run"
-  trainer.run(_generator_cfg(path), progress=False)
+  """The frozen generator of every steering run here, made the way a user gets it: the first
+  steering run finds no trained run at `models.generator.path` and trains one from
+  `models.generator.train_config` before its own first step (the run stops after that step)."""
+  root = tmp_path_factory.mktemp("gen")
+  path = root / "run"
+  c = _steering_cfg(root / "first_steering", path)
+  c.models.generator.train_config = _generator_cfg_file(root)
+  c.rl.steps, c.sft.steps = 1, 1
+  assert trainer.run(c, progress=False, stop_after=1) is None
+  assert json.loads((path / "config.json").read_text())["sft"]["steps"] == 3   # its own config
+  assert "em" in json.loads((path / "eval_summary.json").read_text())["after"]
+  assert (root / "first_steering" / "metrics.jsonl").is_file()   # then the steering run started
   return path
 
 
@@ -72,7 +94,7 @@ def test_trains_reports_and_resumes_the_forest_exactly(tmp_path, generator):
     assert name in report
   rows = [json.loads(l) for l in (tmp_path / "whole" / "metrics.jsonl").open()]
   rl = [r for r in rows if r.get("stage") == "rl"]
-  assert len(rl) == 4 and all("reward/mh" in r and "reward/kept_group" in r for r in rl)
+  assert len(rl) == 3 and all("reward/mh" in r and "reward/kept_group" in r for r in rl)
 
   # killed after the second RL step, then resumed: the same forest, the same evaluation
   sft = 6
@@ -87,39 +109,23 @@ def test_trains_reports_and_resumes_the_forest_exactly(tmp_path, generator):
   assert strip(resumed.after["all"]) == pytest.approx(strip(whole.after["all"]))
 
 
-def test_generator_is_trained_once_from_its_config(tmp_path):
-  """`models.generator.train_config`: a missing run is trained first; a second run reuses it."""
-  cfg_file = tmp_path / "gen_cfg.py"
-  cfg_file.write_text(
-      "from configs import r2ag_generator\n"
-      "from rlrag_jax import config_base\n"
-      "def get_config(arg=''):\n"
-      "  c = r2ag_generator.get_config('')\n"
-      f"  c.data.world = config_base.world_config(**{WORLD!r})\n"
-      "  c.model.update(dict(hidden_size=64, intermediate_size=128, num_layers=2, num_heads=2,"
-      " num_kv_heads=1, head_dim=32, vocab_size=1024))\n"
-      "  c.sft.update(dict(steps=2, batch_size=8))\n"
-      "  c.eval.update(dict(num_examples=4, batch_size=4))\n"
-      "  return c\n")
-  gen = tmp_path / "gen"
-  c = _steering_cfg(tmp_path / "a", gen)
-  c.models.generator.train_config = str(cfg_file)
+def test_generator_is_trained_once_from_its_config(tmp_path, generator):
+  """`models.generator.train_config`: the `generator` fixture's first run trained the missing
+  generator; a second run naming the same path and config reuses it."""
+  stamp = (generator / "eval_summary.json").stat().st_mtime_ns
+  c = _steering_cfg(tmp_path / "b", generator)
+  c.models.generator.train_config = _generator_cfg_file(tmp_path)
   c.rl.steps, c.sft.steps = 1, 1
-  # The generator is resolved (trained, or found) before the first step: each steering run
-  # stops after that step, so what is timed here is the generator's one training.
   assert trainer.run(c, progress=False, stop_after=1) is None
-  stamp = (gen / "eval_summary.json").stat().st_mtime_ns
-  c.workdir = str(tmp_path / "b")
-  assert trainer.run(c, progress=False, stop_after=1) is None
-  assert (gen / "eval_summary.json").stat().st_mtime_ns == stamp
+  assert (generator / "eval_summary.json").stat().st_mtime_ns == stamp
   assert (tmp_path / "b" / "metrics.jsonl").is_file()      # the second run did start
 
 
 def test_paper_preset_runs_on_real_data(tmp_path, shared_data_dir):
   require("torch")
-  from hf_tiny import make_tiny_checkpoint
-  policy = make_tiny_checkpoint(tmp_path, "qwen2", max_position_embeddings=4096, name="policy")
-  reader = make_tiny_checkpoint(tmp_path, "llama", seed=1, max_position_embeddings=4096,
+  from hf_tiny import E2E_HF, make_tiny_checkpoint
+  policy = make_tiny_checkpoint(tmp_path, "qwen2", **E2E_HF, name="policy")
+  reader = make_tiny_checkpoint(tmp_path, "llama", seed=1, **E2E_HF,
                                 name="generator")
   c = r2ag.get_config("paper")
   c.workdir, c.model.path, c.data.dir = str(tmp_path / "run"), str(policy), ""

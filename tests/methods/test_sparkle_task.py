@@ -31,7 +31,7 @@ def _small(c, workdir):
   c.retrieval.cache_dir = str(_SHARED_CACHE)
   c.data.world = config_base.world_config(**WORLD)
   c.data.max_eval = 6
-  c.model.update(dict(hidden_size=64, intermediate_size=128, num_layers=2, num_heads=2,
+  c.model.update(dict(hidden_size=64, intermediate_size=128, num_layers=1, num_heads=2,
                       num_kv_heads=1, head_dim=32, vocab_size=1024))
   c.sft.update(dict(steps=4, batch_size=8))
   c.eval.update(dict(num_examples=6, batch_size=6))
@@ -41,26 +41,50 @@ def _small(c, workdir):
   return c
 
 
-def _reader_cfg(workdir):
-  c = _small(config_base.load_config_file("configs/sparkle_reader.py"), workdir)
-  c.sft.steps = 3
-  return c
-
-
 def _proxy_cfg(workdir, reader):
   c = _small(config_base.load_config_file("configs/sparkle.py"), workdir)
   # The proxy starts from the reader (model.path and model.train_config follow these keys).
   c.models.reader.path, c.models.reader.train_config = str(reader), ""
-  c.rl.update(dict(steps=3, prompts_per_step=2, max_new_tokens=24))
+  c.rl.update(dict(steps=2, prompts_per_step=2, max_new_tokens=24))
   c.sparkle.tree.depth = 2
   return c
 
 
+def _reader_cfg_file(folder) -> str:
+  """A config file for the reader: `configs/sparkle_reader.py` shrunk like the proxy runs here."""
+  f = folder / "reader_cfg.py"
+  f.write_text(
+      "from rlrag_jax import config_base\n"
+      "def get_config(arg=''):\n"
+      "  c = config_base.load_config_file('configs/sparkle_reader.py')\n"
+      f"  c.retrieval.cache_dir = {str(_SHARED_CACHE)!r}\n"
+      f"  c.data.world = config_base.world_config(**{WORLD!r})\n"
+      "  c.data.max_eval = 4\n"
+      "  c.model.update(dict(hidden_size=64, intermediate_size=128, num_layers=1, num_heads=2,"
+      " num_kv_heads=1, head_dim=32, vocab_size=1024))\n"
+      "  c.sft.update(dict(steps=3, batch_size=8))\n"
+      "  c.eval.update(dict(num_examples=4, batch_size=4))\n"
+      "  c.sparkle.max_new.update(dict(rd=4, qf=24, ki=12, reader=16))\n"
+      "  c.sparkle.agent.max_steps = 5\n"
+      "  return c\n")
+  return str(f)
+
+
 @pytest.fixture(scope="module")
 def reader(tmp_path_factory):
-  path = tmp_path_factory.mktemp("reader") / "run"
-  res = trainer.run(_reader_cfg(path), progress=False)
-  assert {"em", "f1", "thought_match"} <= set(res.after["all"])
+  """The reader every proxy run here reads with, made the way a user gets it: the first proxy
+  run finds no trained run at `models.reader.path` and trains one from
+  `models.reader.train_config` before its own first step (the run stops after that step)."""
+  root = tmp_path_factory.mktemp("reader")
+  path = root / "run"
+  c = _proxy_cfg(root / "first_proxy", path)
+  c.models.reader.train_config = _reader_cfg_file(root)
+  c.rl.steps, c.sft.steps = 1, 1
+  assert trainer.run(c, progress=False, stop_after=1) is None
+  summary = json.loads((path / "eval_summary.json").read_text())
+  assert {"em", "f1", "thought_match"} <= set(summary["after"])
+  assert json.loads((path / "config.json").read_text())["sft"]["steps"] == 3   # its own config
+  assert (root / "first_proxy" / "metrics.jsonl").is_file()      # then the proxy run started
   return path
 
 
@@ -82,11 +106,11 @@ def test_tree_ppo_trains_reports_and_resumes(tmp_path, reader):
     assert name in report
   rows = [json.loads(l) for l in (tmp_path / "whole" / "metrics.jsonl").open()]
   rl = [r for r in rows if r.get("stage") == "rl"]
-  assert len(rl) == 3
+  assert len(rl) == 2
   for r in rl:
     assert "vf/loss" in r and "reward/leaf_reward" in r and "reward/is_rd" in r
     assert r["reward/is_rd"] > 0              # every tree decides at least once
-  # killed after the second RL step, then resumed: the same final evaluation. The baselines
+  # killed after the first RL step, then resumed: the same final evaluation. The baselines
   # (reader alone, naive RAG) do not depend on the proxy and were checked above: off here.
   sft = 4
 
@@ -95,7 +119,7 @@ def test_tree_ppo_trains_reports_and_resumes(tmp_path, reader):
     c.sparkle.eval.baselines = False
     return c
 
-  assert trainer.run(cut_cfg(), progress=False, stop_after=sft + 2) is None
+  assert trainer.run(cut_cfg(), progress=False, stop_after=sft + 1) is None
   resumed = trainer.run(cut_cfg(), progress=False, resume=True)
   got = {k: v for k, v in resumed.after["all"].items() if "latency" not in k}
   assert "f1" in got and not any(k.startswith(("llm_", "naive_")) for k in got)
@@ -108,7 +132,7 @@ def test_tree_values_instead_of_a_critic_train_and_resume(tmp_path, reader):
   def cfg(name):
     c = _proxy_cfg(tmp_path / name, reader)
     c.rl.ppo.critic = "tree_mc"
-    c.rl.steps = 2
+    c.sparkle.eval.baselines = False      # reader alone and naive RAG: checked once, above
     return c
 
   whole = trainer.run(cfg("whole"), progress=False)
@@ -127,6 +151,7 @@ def test_tree_values_instead_of_a_critic_train_and_resume(tmp_path, reader):
 def test_standard_rollout_switch_and_sft_samples(tmp_path, reader):
   c = _proxy_cfg(tmp_path / "std", reader)
   c.sparkle.rollout = "standard"
+  c.sparkle.eval.baselines = False        # reader alone and naive RAG: checked once, above
   c.rl.steps = 1
   # Several PPO epochs of mini-batches: the episode count is padded to what both splits need
   # (2 mini-batches of a multiple of 3 micro-batches), which no fixed bucket of 8 gives.
@@ -151,38 +176,23 @@ def test_standard_rollout_switch_and_sft_samples(tmp_path, reader):
     sparkle_task.make_task(c)
 
 
-def test_reader_is_trained_once_from_its_config(tmp_path):
-  cfg_file = tmp_path / "reader_cfg.py"
-  cfg_file.write_text(
-      "from rlrag_jax import config_base\n"
-      "def get_config(arg=''):\n"
-      "  c = config_base.load_config_file('configs/sparkle_reader.py')\n"
-      f"  c.data.world = config_base.world_config(**{WORLD!r})\n"
-      "  c.model.update(dict(hidden_size=64, intermediate_size=128, num_layers=2, num_heads=2,"
-      " num_kv_heads=1, head_dim=32, vocab_size=1024))\n"
-      "  c.sft.update(dict(steps=2, batch_size=8))\n"
-      "  c.eval.update(dict(num_examples=4, batch_size=4))\n"
-      "  c.sparkle.agent.max_steps = 4\n"
-      "  return c\n")
-  rd = tmp_path / "reader"
-  c = _proxy_cfg(tmp_path / "a", rd)
-  c.models.reader.train_config = str(cfg_file)
+def test_reader_is_trained_once_from_its_config(tmp_path, reader):
+  """The `reader` fixture's first proxy run trained the reader from its config; a second run
+  naming the same path and config finds it trained and does not train it again."""
+  stamp = (reader / "eval_summary.json").stat().st_mtime_ns
+  c = _proxy_cfg(tmp_path / "b", reader)
+  c.models.reader.train_config = _reader_cfg_file(tmp_path)
   c.rl.steps, c.sft.steps = 1, 1
-  # The reader is resolved (trained, or found) before the proxy's first step: each proxy run
-  # stops after that step, so what is timed here is the reader's one training.
   assert trainer.run(c, progress=False, stop_after=1) is None
-  stamp = (rd / "eval_summary.json").stat().st_mtime_ns
-  c.workdir = str(tmp_path / "b")
-  assert trainer.run(c, progress=False, stop_after=1) is None
-  assert (rd / "eval_summary.json").stat().st_mtime_ns == stamp
+  assert (reader / "eval_summary.json").stat().st_mtime_ns == stamp
   assert (tmp_path / "b" / "metrics.jsonl").is_file()      # the second proxy run did start
 
 
 def test_paper_preset_runs_on_real_data(tmp_path, shared_data_dir):
   require("torch")
-  from hf_tiny import make_tiny_checkpoint
-  policy = make_tiny_checkpoint(tmp_path, "qwen2", max_position_embeddings=4096, name="policy")
-  reader = make_tiny_checkpoint(tmp_path, "llama", seed=1, max_position_embeddings=4096,
+  from hf_tiny import E2E_HF, make_tiny_checkpoint
+  policy = make_tiny_checkpoint(tmp_path, "qwen2", **E2E_HF, name="policy")
+  reader = make_tiny_checkpoint(tmp_path, "llama", seed=1, **E2E_HF,
                                 name="reader")
   c = config_base.load_config_file("configs/sparkle.py:paper")
   c.workdir, c.model.path, c.data.dir = str(tmp_path / "run"), str(policy), ""
@@ -215,8 +225,8 @@ def test_paper_preset_runs_on_real_data(tmp_path, shared_data_dir):
 
 def test_reader_paper_preset_runs_on_real_data(tmp_path, shared_data_dir):
   require("torch")
-  from hf_tiny import make_tiny_checkpoint
-  ckpt = make_tiny_checkpoint(tmp_path, "qwen2", max_position_embeddings=4096, name="reader")
+  from hf_tiny import E2E_HF, make_tiny_checkpoint
+  ckpt = make_tiny_checkpoint(tmp_path, "qwen2", **E2E_HF, name="reader")
   c = config_base.load_config_file("configs/sparkle_reader.py:paper")
   c.workdir, c.model.path, c.data.dir = str(tmp_path / "run"), str(ckpt), ""
   c.data.mix = ("musique:train",)          # MuSiQue gives decompositions with gold ids

@@ -73,7 +73,7 @@ def test_entropy_carries_no_gradient_unless_asked():
   assert float(jnp.abs(jax.grad(f)(h)).max()) == 0.0
 
 
-CFG = ModelConfig(vocab_size=V, hidden_size=32, intermediate_size=64, num_layers=2,
+CFG = ModelConfig(vocab_size=V, hidden_size=32, intermediate_size=64, num_layers=1,
                   num_heads=4, num_kv_heads=2, head_dim=8)
 
 

@@ -11,7 +11,7 @@ from rlrag_jax.models import sharding as shd
 from rlrag_jax.models.config import ModelConfig
 from rlrag_jax.models.decoder import DecoderLM, ValueLM, init_params
 
-CFG = ModelConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
+CFG = ModelConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=4,
                   num_kv_heads=2, head_dim=8)
 B, T = 4, 10
 
