@@ -223,6 +223,34 @@ def section(cls, cfg, where: str):
   return cls(**values)
 
 
+# A run's saved config.json (read back by `methods/apex/pipeline.py`, the one reader of saved
+# configs) lacks the keys added after the run started: each with the value that reproduces what
+# such a run did. A method's own keys are in its `settings.ADDED_LATER`; `fill_added_later`
+# applies both where the saved config is loaded, so that no reader defaults a key.
+ADDED_LATER = {
+    "model.thinking": False,     # Qwen3's template rendered as before the key: thinking off
+    "sft.epochs": 0.0,           # sft.steps counted the SFT warm-up
+}
+
+
+def fill_added_later(config, *tables) -> list:
+  """Sets each dotted key of `tables` that `config` (a saved config, unlocked) lacks to its
+  value, in a section the config has; returns the keys set (for a log line)."""
+  filled = []
+  for table in tables:
+    for key, value in table.items():
+      *parents, leaf = key.split(".")
+      node = config
+      for p in parents:
+        node = node[p] if (hasattr(node, "keys") and p in node) else None
+        if node is None:
+          break
+      if node is not None and leaf not in node:
+        node[leaf] = value
+        filled.append(key)
+  return filled
+
+
 def stage_runs(section) -> bool:
   """Whether the stage of config section `sft` / `rl` trains: fixed steps or epochs above 0."""
   return int(section.steps) > 0 or float(section.epochs) > 0

@@ -69,3 +69,11 @@ def test_a_missing_nested_section_is_named():
   c = dict(role="proxy", lr=1e-4, flag=False, eval=3)
   with pytest.raises(ConfigError, match=r"config section 'm\.eval' is missing"):
     config_base.section(Outer, c, "m")
+
+
+def test_fill_added_later_sets_only_missing_keys_of_existing_sections():
+  c = ml_collections.ConfigDict(dict(model=dict(dtype="float32"), sft=dict(epochs=2.0)))
+  filled = config_base.fill_added_later(
+      c, {"model.thinking": False, "sft.epochs": 0.0, "apex.max_passage_words": 0})
+  assert filled == ["model.thinking"]
+  assert c.model.thinking is False and c.sft.epochs == 2.0 and "apex" not in c
