@@ -70,6 +70,9 @@ trainer (`rlrag_jax.trainer`) reads these sections for every method:
             judge_concurrency requests in flight at once; judge_max_failure_rate /
             judge_failure_window: stop once more than that share of the last that many judge
             calls failed, 1.0: never; see rlrag_jax.judge).
+  stages    the training stages in order (training.stages.plan): ('sft', 'rl'); a stage with
+            no steps is skipped; ('sft',) for a model that is only SFT-trained (R2AG's
+            generator, SPARKLE's reader, APEX's executor).
   checkpoint  every, keep;  log_every;  export_hf (an HF checkpoint of the final policy).
   compile_cache  the persistent XLA compile cache ('auto': ~/.cache/rlrag_jax/xla; '': off).
 
@@ -174,6 +177,8 @@ def trainer_config(method: str, workdir: str) -> ml_collections.ConfigDict:
       # calls failed (a failed call scores as a wrong answer); 1.0: never stop.
       judge_max_failure_rate=0.5, judge_failure_window=200))
   c.checkpoint = ml_collections.ConfigDict(dict(every=50, keep=2))
+  c.stages = ("sft", "rl")  # the stages in order (training.stages.plan); a stage without
+                            # steps is skipped; ("sft",): an SFT-only model (a reader, generator)
   c.log_every = 5
   c.compile_cache = "auto"  # persistent XLA cache folder; '': off (rlrag_jax.compile_cache)
   c.export_hf = True
