@@ -70,6 +70,9 @@ trainer (`rlrag_jax.trainer`) reads these sections for every method:
             judge_concurrency requests in flight at once; judge_max_failure_rate /
             judge_failure_window: stop once more than that share of the last that many judge
             calls failed, 1.0: never; see rlrag_jax.judge).
+  stages    the training stages in order (training.stages.plan): ('sft', 'rl'); a stage with
+            no steps is skipped; ('sft',) for a model that is only SFT-trained (R2AG's
+            generator, SPARKLE's reader, APEX's executor).
   checkpoint  every, keep;  log_every;  export_hf (an HF checkpoint of the final policy).
   compile_cache  the persistent XLA compile cache ('auto': ~/.cache/rlrag_jax/xla; '': off).
 
@@ -174,10 +177,83 @@ def trainer_config(method: str, workdir: str) -> ml_collections.ConfigDict:
       # calls failed (a failed call scores as a wrong answer); 1.0: never stop.
       judge_max_failure_rate=0.5, judge_failure_window=200))
   c.checkpoint = ml_collections.ConfigDict(dict(every=50, keep=2))
+  c.stages = ("sft", "rl")  # the stages in order (training.stages.plan); a stage without
+                            # steps is skipped; ("sft",): an SFT-only model (a reader, generator)
   c.log_every = 5
   c.compile_cache = "auto"  # persistent XLA cache folder; '': off (rlrag_jax.compile_cache)
   c.export_hf = True
   return c
+
+
+def section(cls, cfg, where: str):
+  """The frozen dataclass `cls` built from config section `cfg` (a ConfigDict or dict) at the
+  dotted key `where` ('r2ag', 'sparkle.eval'): the one way a method or the trainer parses its
+  section, once, so that every value it reads is a key the config file declares.
+
+  Every key of the section must be a field (an unknown one, often a misspelt one, is an error
+  naming it and the allowed keys), and every field of `cls` a key of the section (a missing one
+  is an error naming its dotted key: there are no defaults in code). A field whose type is a
+  dataclass is parsed from the nested section of that name; every other value is passed through
+  as the config holds it (tuples stay tuples, numbers keep their type). Raises
+  `config_check.ConfigError` (a ValueError).
+  """
+  import dataclasses
+  import typing
+  from rlrag_jax.config_check import ConfigError
+  if not (dataclasses.is_dataclass(cls) and isinstance(cls, type)):
+    raise TypeError(f"config_base.section: {cls!r} is not a dataclass")
+  if cfg is None or not hasattr(cfg, "keys"):
+    raise ConfigError(f"config section {where!r} is missing (found {cfg!r}); expected the "
+                      f"keys {', '.join(f.name for f in dataclasses.fields(cls))}")
+  fields = [f for f in dataclasses.fields(cls) if f.init]
+  names = [f.name for f in fields]
+  unknown = sorted(k for k in cfg.keys() if k not in names)
+  if unknown:
+    keys = ", ".join(f"'{where}.{k}'" for k in unknown)
+    raise ConfigError(f"config key{'s' if len(unknown) > 1 else ''} {keys} unknown; section "
+                      f"{where!r} takes {', '.join(sorted(names))}")
+  missing = [n for n in names if n not in cfg]
+  if missing:
+    keys = ", ".join(f"'{where}.{n}'" for n in missing)
+    raise ConfigError(f"config key{'s' if len(missing) > 1 else ''} {keys} "
+                      f"{'are' if len(missing) > 1 else 'is'} missing (declare "
+                      f"{'them' if len(missing) > 1 else 'it'} in the method's configs/*.py)")
+  hints = typing.get_type_hints(cls)
+  values = {}
+  for n in names:
+    t, v = hints.get(n), cfg[n]
+    if isinstance(t, type) and dataclasses.is_dataclass(t):
+      v = section(t, v, f"{where}.{n}")
+    values[n] = v
+  return cls(**values)
+
+
+# A run's saved config.json (read back by `methods/apex/pipeline.py`, the one reader of saved
+# configs) lacks the keys added after the run started: each with the value that reproduces what
+# such a run did. A method's own keys are in its `settings.ADDED_LATER`; `fill_added_later`
+# applies both where the saved config is loaded, so that no reader defaults a key.
+ADDED_LATER = {
+    "model.thinking": False,     # Qwen3's template rendered as before the key: thinking off
+    "sft.epochs": 0.0,           # sft.steps counted the SFT warm-up
+}
+
+
+def fill_added_later(config, *tables) -> list:
+  """Sets each dotted key of `tables` that `config` (a saved config, unlocked) lacks to its
+  value, in a section the config has; returns the keys set (for a log line)."""
+  filled = []
+  for table in tables:
+    for key, value in table.items():
+      *parents, leaf = key.split(".")
+      node = config
+      for p in parents:
+        node = node[p] if (hasattr(node, "keys") and p in node) else None
+        if node is None:
+          break
+      if node is not None and leaf not in node:
+        node[leaf] = value
+        filled.append(key)
+  return filled
 
 
 def stage_runs(section) -> bool:

@@ -65,7 +65,7 @@ def collect(task, policy, rl_iter, key, config, step) -> tuple:
     return ([e for eps, _ in groups for e in eps], [s for _, sc in groups for s in sc],
             {"tries": 1.0, "dropped_groups": 0.0})
 
-  key_name = rl.get("dynamic_sampling_key", "total")
+  key_name = rl.dynamic_sampling_key
 
   def sample_fn(needed):
     groups = draw(needed)

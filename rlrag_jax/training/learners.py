@@ -543,7 +543,7 @@ class PPOLearner:
     """Advantages whitened over the batch, or, with rl.ppo.whiten_by naming an Episode.info
     key, separately over the episodes that share its value (the SPARKLE authors normalise per
     action type); how is the critic's (`Critic.whiten`)."""
-    key = str(self.ppo.get("whiten_by", "") or "")
+    key = str(self.ppo.whiten_by)
     return self.vf.whiten(adv, mask, _labels(episodes, key) if key else None)
 
 

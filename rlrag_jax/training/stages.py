@@ -201,7 +201,7 @@ def sft_batches(prompts, targets, masks, sft, pad_id: int, shards: int) -> list:
   `sft.tokens_per_micro_batch` its length-sorted micro-batches of at most that many padded
   tokens (`rollout.batch.plan_micro_batches`), rows padded to a multiple of `shards`."""
   packing = dict(pad_id=pad_id, max_len=sft.max_len, bucket=sft.pack_bucket,
-                 prompt_loss=sft.get("prompt_loss", 0.0))
+                 prompt_loss=sft.prompt_loss)
   budget = learners.token_budget(sft)
   if budget:
     plan = plan_micro_batches(*packed_lengths(prompts, targets, sft.max_len), budget,
@@ -327,8 +327,8 @@ STAGES = {"sft": SFTStage, "rl": RLStage}
 
 
 def plan(config) -> list:
-  """[(stage, last global step)] in `config.stages` order (default sft then rl)."""
-  names = tuple(config.get("stages", ("sft", "rl")))
+  """[(stage, last global step)] in `config.stages` order (config_base: sft then rl)."""
+  names = tuple(config.stages)
   unknown = [n for n in names if n not in STAGES]
   if unknown or len(set(names)) != len(names):
     raise ValueError(f"config key 'stages' is {names}; expected distinct names from "
@@ -384,7 +384,7 @@ def stage_iterators(train, config, sft_items=None) -> tuple[Optional[BatchIterat
           f"{stage} stage: {len(items)} {what}, fewer than one batch "
           f"(config key '{stage}.{batch_key}' = {batch}); lower it, add data, or set "
           f"{skip} to skip the stage")
-    window = int(section.get("group_by_length", 0) or 0) if stage == "sft" else 0
+    window = int(section.group_by_length) if stage == "sft" else 0
     lengths = [len(x[0]) + len(x[1]) for x in items] if window and items is sft_items else None
     out.append(BatchIterator(items, batch_size=batch, seed=seed, lengths=lengths,
                              length_window=window))

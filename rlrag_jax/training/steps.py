@@ -59,7 +59,7 @@ def policy_loss_config(rl, **overrides):
       # rl.kl_form 'reward': the KL is in the PPO rewards (learners), not in the loss
       beta=rl.kl_beta if learners.kl_form(rl) == "loss" else 0.0,
       kl_estimator=rl.kl_estimator, temperature=rl.temperature,
-      entropy_coef=float(rl.get("entropy_coef", 0.0)))
+      entropy_coef=float(rl.entropy_coef))
   return ts.LossConfig(**{**fields, **overrides})
 
 

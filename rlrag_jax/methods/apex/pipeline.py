@@ -76,7 +76,16 @@ def _run_config(path: str, fallback: str = ""):
   import ml_collections
   p = pathlib.Path(path)
   if (p / "model").is_dir() and (p / "config.json").exists():
-    return ml_collections.ConfigDict(json.loads((p / "config.json").read_text()))
+    from rlrag_jax import config_base
+    from rlrag_jax.methods.apex import settings
+    c = ml_collections.ConfigDict(json.loads((p / "config.json").read_text()))
+    role = c.apex.role if "apex" in c and "role" in c.apex else ""
+    filled = config_base.fill_added_later(c, config_base.ADDED_LATER,
+                                          settings.ADDED_LATER.get(role, {}))
+    if filled:
+      log.info("%s: its saved config predates %s; those keys take the values that reproduce "
+               "it (config_base.ADDED_LATER, apex settings.ADDED_LATER)", path, ", ".join(filled))
+    return c
   if not fallback:
     raise FileNotFoundError(f"{path}: no config.json (not a training run); pass "
                             "--config=configs/apex_executor.py[:preset]")
@@ -87,7 +96,7 @@ def _run_config(path: str, fallback: str = ""):
 def _sft_steps(planner: str, pc) -> int:
   """The planner run's SFT length: its config's sft.steps, or where it counted sft.epochs the
   steps its start computed from them (metrics.jsonl's 'schedule' row, trainer.run)."""
-  if "epochs" not in pc.sft or float(pc.sft.epochs) <= 0:   # runs from before sft.epochs
+  if float(pc.sft.epochs) <= 0:
     return int(pc.sft.steps)
   from rlrag_jax import runlog
   rows = [r for r in runlog.read_rows(pathlib.Path(planner) / "metrics.jsonl")
@@ -164,7 +173,7 @@ def make_plans(planner: str, step: Optional[int], questions, max_new_tokens: int
   for i in range(0, len(questions), batch):
     chunk = questions[i:i + batch]
     ids = [planner_prompt_ids(tok, q, max_steps, pc.data.prompt_style, use_chat,
-                              thinking=pc.model.get("thinking", False))   # older runs: off
+                              thinking=pc.model.thinking)
            for q in chunk]
     gen = policy.sample(ids, jax.random.PRNGKey(0), greedy=True, batch_multiple=8)
     for r, q in enumerate(chunk):

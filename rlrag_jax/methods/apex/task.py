@@ -15,7 +15,7 @@ from typing import Sequence
 
 from rlrag_jax import config_base, metrics
 from rlrag_jax.data import sources
-from rlrag_jax.methods.apex import executor, plans, prompts, rewrite, sepr
+from rlrag_jax.methods.apex import executor, plans, prompts, rewrite, sepr, settings
 from rlrag_jax.retrieval import from_config
 from rlrag_jax.retrieval.query_cache import QueryEmbeddings
 from rlrag_jax.rollout.single_turn import decode_keeping_tags, single_turn
@@ -32,7 +32,7 @@ class PlannerTask(Task):
 
   def __init__(self, config, encoder=None):
     self.config = config
-    a = config.apex
+    self.settings = a = settings.planner(config)
     self.max_steps = int(a.max_steps)
     if self.max_steps < 1:
       raise ValueError(f"config key 'apex.max_steps' is {self.max_steps}; expected >= 1")
@@ -47,8 +47,8 @@ class PlannerTask(Task):
       raise ValueError("apex planner: no training example has a gold decomposition of at most "
                        f"apex.max_steps={self.max_steps} steps")
     self.corpus = sel.corpus
-    self.gold_plans = rewrite.read_plans(a.gold_plans) if a.get("gold_plans") else {}
-    self.rewrite_symbolic = bool(a.get("rewrite_symbolic", True))   # counts: rewrite.py's CLI
+    self.gold_plans = rewrite.read_plans(a.gold_plans) if a.gold_plans else {}
+    self.rewrite_symbolic = bool(a.rewrite_symbolic)   # counts: rewrite.py's CLI
     self._encoder = encoder
     self._scorer = None
     self.threshold = float(a.sepr_threshold)
@@ -100,7 +100,7 @@ class PlannerTask(Task):
     if self._scorer is None:
       if self._encoder is None:
         from rlrag_jax.retrieval.encoder import Encoder
-        path = self.config.apex.get("encoder_path", "") or None
+        path = self.settings.encoder_path or None
         self._encoder = Encoder.from_pretrained(path, max_length=64)
       self._scorer = sepr.SEPRScorer(self._encoder, self.threshold)
     return self._scorer
@@ -169,9 +169,9 @@ class ExecutorTask(Task):
 
   def __init__(self, config, encoder=None):
     self.config = config
-    a = config.apex
+    self.settings = a = settings.executor(config)
     self.max_steps, self.max_hops, self.top_k = int(a.max_steps), int(a.max_hops), int(a.top_k)
-    self.passage_words = int(a.get("max_passage_words", 0) or 0)
+    self.passage_words = int(a.max_passage_words)
     self.truncated_prompts = 0
     for key, v in (("max_steps", self.max_steps), ("max_hops", self.max_hops),
                    ("top_k", self.top_k)):
@@ -246,7 +246,7 @@ class ExecutorTask(Task):
     """{example id: [(Ask, output), ...]}: the trajectories SFT trains on, from
     `apex.trajectories` (self_instruct.py's file) when set, else the oracle's."""
     if self._calls is None:
-      path = self.config.apex.get("trajectories", "")
+      path = self.settings.trajectories
       if path:
         self._calls = prompts.read_trajectories(path)
         log.info("apex executor: %d trajectories from %s", len(self._calls), path)
@@ -283,9 +283,9 @@ class ExecutorTask(Task):
     """`generate(asks) -> texts` for executor.run: one batched model call per round."""
     import jax
     state = {"rng": rng if rng is not None else jax.random.PRNGKey(0)}
-    limit = {"check": 8, "continue": 8, "query": int(self.config.apex.max_query_tokens)}
+    limit = {"check": 8, "continue": 8, "query": int(self.settings.max_query_tokens)}
 
-    longest = max(*limit.values(), int(self.config.apex.max_answer_tokens))
+    longest = max(*limit.values(), int(self.settings.max_answer_tokens))
 
     room = int(policy.config.max_position_embeddings) - longest
     chunk = max(1, int(self.config.eval.batch_size))
@@ -303,7 +303,7 @@ class ExecutorTask(Task):
           ids[i] = ids[i][-room:]
       # One token budget for every role (rows stop at their own): rounds differ in batch size
       # and prompt length, and sample_chunked keeps their shapes to a few compiled programs.
-      per_row = [limit.get(a.kind, int(self.config.apex.max_answer_tokens)) for a in asks]
+      per_row = [limit.get(a.kind, int(self.settings.max_answer_tokens)) for a in asks]
       rows, state["rng"] = policy.sample_chunked(ids, state["rng"], chunk=chunk, greedy=greedy,
                                                  max_new_tokens=longest,
                                                  max_new_tokens_per_row=per_row)
@@ -352,7 +352,7 @@ def _gold_fits(ex, max_steps: int) -> bool:
 
 
 def make_task(config):
-  role = config.get("apex", {}).get("role", "planner")
+  role = config.apex.role
   if role == "planner":
     return PlannerTask(config)
   if role == "executor":

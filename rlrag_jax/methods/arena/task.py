@@ -8,7 +8,7 @@ from typing import Sequence
 from rlrag_jax import judge as judge_lib
 from rlrag_jax import metrics
 from rlrag_jax.data import sources
-from rlrag_jax.methods.arena import parsing, prompts, rewards, sft
+from rlrag_jax.methods.arena import parsing, prompts, rewards, settings, sft
 from rlrag_jax.rollout.single_turn import decode_keeping_tags, single_turn
 from rlrag_jax.tasks import Task
 
@@ -31,14 +31,14 @@ class ArenaTask(Task):
     sel = sources.select(config.data, seed=config.seed)
     self.train, self.eval, self.corpus = sel.train, sel.eval, sel.corpus
     self.max_chars = config.data.max_passage_chars or None
-    r = config.reward
-    self.weights = {k: float(r[k]) for k in REWARD_WEIGHTS}
-    self.relevance_parse = r.get("relevance_parse", "strict")
-    self.accuracy = r.get("accuracy", "em")
+    self.reward_cfg = r = settings.reward(config)
+    self.weights = {k: float(getattr(r, k)) for k in REWARD_WEIGHTS}
+    self.relevance_parse = r.relevance_parse
+    self.accuracy = r.accuracy
     self.judge = judge_lib.from_config(r, prompt=self.judge_prompt, where="reward")
     if self.accuracy == "judge" and self.judge is None:
       raise ValueError("config key 'reward.accuracy' is 'judge' but 'reward.judge_url' is empty")
-    self.sft_kind = config.sft.get("target", "structured")
+    self.sft_kind = config.sft.target
     if self.sft_kind not in SFT_TARGETS:
       raise ValueError(f"config key 'sft.target' is {self.sft_kind!r}; expected one of "
                        f"{SFT_TARGETS}")
@@ -140,7 +140,7 @@ class ArenaTask(Task):
 def _teacher_traces(config, task) -> dict:
   """The traces file of `sft.teacher_traces`; training keeps the examples that have a trace."""
   from rlrag_jax.methods.arena import teacher_traces
-  path = config.sft.get("teacher_traces", "")
+  path = config.sft.teacher_traces
   if not path:
     raise ValueError("config key 'sft.target' is 'teacher' but 'sft.teacher_traces' is empty; "
                      "build the file with python -m rlrag_jax.methods.arena.teacher_traces")

@@ -53,12 +53,8 @@ class RewardConfig:
 
   @classmethod
   def from_config(cls, section) -> "RewardConfig":
-    fields = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(section) - fields)
-    if unknown:
-      raise ValueError(f"config section 'r2ag.reward': unknown keys {unknown}; expected "
-                       f"{sorted(fields)}")
-    return cls(**dict(section))
+    from rlrag_jax import config_base
+    return config_base.section(cls, section, "r2ag.reward")
 
 
 def _flat(per_query: Sequence[Sequence[str]]) -> list:

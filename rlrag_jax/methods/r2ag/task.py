@@ -25,7 +25,7 @@ import numpy as np
 from rlrag_jax import config_base, metrics
 from rlrag_jax.data import sources
 from rlrag_jax.methods.r2ag import forest as forest_lib
-from rlrag_jax.methods.r2ag import inference, parsing, prompts, rewards
+from rlrag_jax.methods.r2ag import inference, parsing, prompts, rewards, settings
 from rlrag_jax.retrieval.corpus_search import CorpusSearch
 from rlrag_jax.rl import dynamic_sampling
 from rlrag_jax.rollout.single_turn import completion_ids, decode_keeping_tags
@@ -60,12 +60,12 @@ class SteeringTask(Task):
 
   def __init__(self, config, encoder=None):
     self.config = config
-    r = config.r2ag
+    self.settings = r = settings.steering(config)
     self.style = config.data.prompt_style
-    self.passage_words = int(r.get("passage_words", 0) or 0)
+    self.passage_words = int(r.passage_words)
     self.train_top_k = int(r.train_top_k)
-    self.reward_cfg = rewards.RewardConfig.from_config(r.reward)
-    self.tree_cfg = dict(r.eval)
+    self.reward_cfg = r.reward
+    self.eval_cfg = r.eval
     self.t_base_by_dataset = parse_t_by_dataset(r.eval.t_base_by_dataset)
     sel = sources.select(config.data, seed=config.seed)
     self.train, self.eval = _with_gold(sel.train), _with_gold(sel.eval)
@@ -77,7 +77,7 @@ class SteeringTask(Task):
     if not self.train:
       raise ValueError("r2ag: no training example has gold documents (Example.gold_ids)")
     self.corpus = CorpusSearch(config, sel, encoder)
-    self.forest = forest_lib.Forest(len(self.train), forest_lib.ForestConfig(**dict(r.forest)),
+    self.forest = forest_lib.Forest(len(self.train), r.forest,
                                     seed=config.seed)
     self.refill, self.refill_tries = bool(r.refill), int(r.refill_tries)
     self.generator = None
@@ -118,7 +118,7 @@ class SteeringTask(Task):
 
   def oracle(self, ex, context) -> str:
     return prompts.oracle_step(self.decomposition(ex), self.gold(ex), context,
-                               predicted=bool(self.config.r2ag.oracle_predicted))
+                               predicted=bool(self.settings.oracle_predicted))
 
   def sft_samples(self, ex) -> list:
     """One sample per state of the oracle's chain (empty context ... all gold: stop)."""
@@ -260,21 +260,21 @@ class SteeringTask(Task):
   def variants(self) -> dict:
     """{metric prefix: TreeConfig}: '' the main setting, 'base_' without predicted queries,
     'top2_' two documents per query."""
-    e = self.tree_cfg
-    common = dict(t_base=int(e["t_base"]), t_pred=int(e["t_pred"]),
-                  max_iterations=int(e["max_iterations"]), max_branches=int(e["max_branches"]))
-    out = {"": inference.TreeConfig(top_k=int(e["top_k"]), use_predicted=True, **common)}
-    if e.get("base_only", True):
-      out["base_"] = inference.TreeConfig(top_k=int(e["top_k"]), use_predicted=False, **common)
-    for k in e.get("other_top_k", ()):
+    e = self.eval_cfg
+    common = dict(t_base=int(e.t_base), t_pred=int(e.t_pred),
+                  max_iterations=int(e.max_iterations), max_branches=int(e.max_branches))
+    out = {"": inference.TreeConfig(top_k=int(e.top_k), use_predicted=True, **common)}
+    if e.base_only:
+      out["base_"] = inference.TreeConfig(top_k=int(e.top_k), use_predicted=False, **common)
+    for k in e.other_top_k:
       out[f"top{int(k)}_"] = inference.TreeConfig(top_k=int(k), use_predicted=True, **common)
     return out
 
   def eval_rollout(self, policy, examples, rng):
     import jax
-    e = self.tree_cfg
-    temp = float(e.get("temperature", 0.0))
-    pol = dataclasses.replace(policy, temperature=temp, top_p=float(e.get("top_p", 1.0))) \
+    e = self.eval_cfg
+    temp = float(e.temperature)
+    pol = dataclasses.replace(policy, temperature=temp, top_p=float(e.top_p)) \
         if temp > 0 else policy
     chunk = max(1, int(self.config.eval.batch_size))
     max_new = int(policy.max_new_tokens)
@@ -292,7 +292,7 @@ class SteeringTask(Task):
       t_bases = [self.t_base_by_dataset.get(getattr(ex, "source", "") or "", cfg.t_base)
                  for ex in examples]
       runs[prefix] = inference.expand(questions, steer, self.corpus.search, cfg, t_bases)
-    sr_k = int(e.get("sr_k", 0) or 0)
+    sr_k = int(e.sr_k)
     if sr_k:
       t0 = time.perf_counter()
       docs = self.corpus.search(questions, sr_k)
@@ -319,15 +319,15 @@ class SteeringTask(Task):
     from rlrag_jax.rollout.policy import Policy
     lm = self.generator
     tok = lm.tokenizer
-    e = self.tree_cfg
-    limit = int(e.get("generator_max_docs", 8))
+    e = self.eval_cfg
+    limit = int(e.generator_max_docs)
     use_chat = bool(self.config.model.chat_template and getattr(tok, "chat_template", None))
-    thinking = bool(e.get("generator_thinking", False))   # a run from before the key: off
+    thinking = bool(e.generator_thinking)
     ids = [prompts.generator_ids(tok, ex.question, self.corpus.pairs(d[:limit]), self.style,
                                  use_chat, self.passage_words, thinking=thinking)
            for ex, d in zip(examples, doc_lists)]
     eos = tuple(lm.config.eos_token_id or ()) or (tok.eos_token_id,)
-    pol = Policy(lm.config, lm.params, max_new_tokens=int(e.get("answer_tokens", 16)),
+    pol = Policy(lm.config, lm.params, max_new_tokens=int(e.answer_tokens),
                  eos_ids=eos, pad_id=tok.pad_token_id or 0)
     t0 = time.perf_counter()
     texts, _ = _generate(pol, tok, ids, rng, greedy=True, max_new=pol.max_new_tokens,
@@ -416,9 +416,9 @@ class GeneratorTask(Task):
 
   def __init__(self, config, encoder=None):
     self.config = config
-    r = config.r2ag
+    self.settings = r = settings.generator(config)
     self.style = config.data.prompt_style
-    self.passage_words = int(r.get("passage_words", 0) or 0)
+    self.passage_words = int(r.passage_words)
     self.distractors = int(r.generator_distractors)
     sel = sources.select(config.data, seed=config.seed)
     self.train, self.eval = _with_gold(sel.train), _with_gold(sel.eval)
@@ -484,7 +484,7 @@ class GeneratorTask(Task):
 
 
 def make_task(config):
-  role = config.get("r2ag", {}).get("role", "steering")
+  role = config.r2ag.role
   if role == "steering":
     return SteeringTask(config)
   if role == "generator":

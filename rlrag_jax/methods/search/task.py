@@ -48,7 +48,7 @@ import numpy as np
 from rlrag_jax import judge as judge_lib
 from rlrag_jax import metrics
 from rlrag_jax.data import sources
-from rlrag_jax.methods.search import parsing, prompts, rewards
+from rlrag_jax.methods.search import parsing, prompts, rewards, settings
 from rlrag_jax.retrieval import from_config
 from rlrag_jax.retrieval.query_cache import QueryEmbeddings
 from rlrag_jax.rollout import Observation, run_tool_loop, truncate_observation
@@ -101,7 +101,8 @@ class SearchTask(Task):
                        "schedules its reward stages from the global step, so its SFT length "
                        "must be fixed; set sft.epochs=0 and sft.steps")
     self.sft_steps = int(config.sft.steps)
-    self.stage2_step = int(config.reward.stage2_step)
+    self.reward_cfg = settings.reward(config)
+    self.stage2_step = int(self.reward_cfg.stage2_step)
     self.corpus = from_config.corpus_for(config, sel)
     self._known = _known_steps(self.train, int(config.sft.known_min_seen))
     self.tokenizer = _tokenizer(config, self)
@@ -109,8 +110,8 @@ class SearchTask(Task):
                          getattr(self.tokenizer, "chat_template", None))
     self._drop_long_prompts(int(config.tool.max_prompt_len))
     self._gold = {}
-    self._judge = _judge(config.reward)
-    if config.reward.match == "judge" and self._judge is None:
+    self._judge = _judge(self.reward_cfg)
+    if self.reward_cfg.match == "judge" and self._judge is None:
       raise ValueError("config key 'reward.match' is 'judge' but 'reward.judge_url' is empty: "
                        "point it at an OpenAI-compatible endpoint, or set reward.match='em'")
     self.encoder, self.retriever, self._index_dir = from_config.retriever_for(
@@ -310,7 +311,7 @@ class SearchTask(Task):
   def _score(self, episode, stage: int, verdicts: Optional[list] = None,
              judge_fn=None) -> rewards.Score:
     """`judge_fn(question, prediction, answers)`: the judge, or a `judge.batched` stand-in."""
-    r = self.config.reward
+    r = self.reward_cfg
     judge = None
     if judge_fn is not None:
       question = episode.example.question
@@ -326,10 +327,8 @@ class SearchTask(Task):
                          stage=stage, beta=float(r.beta), match=r.match,
                          f1_threshold=float(r.f1_threshold), judge=judge,
                          max_query_words=int(r.max_query_words), retrieval_count=performed,
-                         rs_form=r.get("rs_form", "pairwise_mean"),
-                         answer_form=r.get("answer_form", "staged"),
-                         use_search=bool(r.get("use_search", True)),
-                         use_answer=bool(r.get("use_answer", True)))
+                         rs_form=r.rs_form, answer_form=r.answer_form,
+                         use_search=bool(r.use_search), use_answer=bool(r.use_answer))
 
   def reward(self, episode, step: int = 0) -> dict:
     return self._reward(episode, step, self._judge)

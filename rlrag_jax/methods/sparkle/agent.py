@@ -60,7 +60,8 @@ class AgentConfig:
 
   @classmethod
   def from_config(cls, section, style: str) -> "AgentConfig":
-    """From config section `sparkle.agent` (configs/sparkle.py declares every key)."""
+    """From config section `sparkle.agent` as parsed by `settings.parse` (configs/sparkle.py
+    declares every key)."""
     if section.ki_fallback not in KI_FALLBACKS:
       raise ValueError(f"config key 'sparkle.agent.ki_fallback' is {section.ki_fallback!r}; "
                        f"expected one of {KI_FALLBACKS}")

@@ -37,7 +37,7 @@ def write(task, workdir: pathlib.Path) -> str:
                   if key.startswith(f"recall@{k}_step")})
   recall_cols = tuple((f"recall@{k}_step{t}", f"R@{k} s{t}") for t in steps)
   rows = []
-  rollout = task.config.sparkle.rollout
+  rollout = task.settings.rollout
   if summary.get("before"):
     rows += rows_of(summary["before"], "SFT only", VARIANTS, recall_cols)
     rows += rows_of(after, f"{rollout}-rollout PPO", [v for v in VARIANTS if v[0] == ""],

@@ -32,10 +32,6 @@ class RewardConfig:
     if not 0.0 <= float(self.alpha) <= 1.0:
       raise ValueError(f"sparkle.reward.alpha must lie in [0, 1]; got {self.alpha}")
 
-  @classmethod
-  def from_config(cls, section) -> "RewardConfig":
-    return cls(alpha=float(section.alpha), weighting=str(section.weighting))
-
 
 def context_recall(context_ids: Sequence, gold_ids: Sequence) -> float:
   gold = set(map(str, gold_ids))

@@ -27,7 +27,7 @@ import numpy as np
 from rlrag_jax import config_base, metrics
 from rlrag_jax.data import sources
 from rlrag_jax.methods.sparkle import agent as agent_lib
-from rlrag_jax.methods.sparkle import parsing, prompts, readers, rewards
+from rlrag_jax.methods.sparkle import parsing, prompts, readers, rewards, settings
 from rlrag_jax.methods.sparkle.report import VARIANTS
 from rlrag_jax.methods.sparkle.triples import TripleStore
 from rlrag_jax.retrieval.corpus_search import CorpusSearch
@@ -173,7 +173,7 @@ class ProxyTask(Task):
 
   def __init__(self, config, encoder=None):
     self.config = config
-    s = config.sparkle
+    self.settings = s = settings.parse(config)
     self.style = config.data.prompt_style
     if s.rollout not in ROLLOUTS:
       raise ValueError(f"config key 'sparkle.rollout' is {s.rollout!r}; expected one of "
@@ -181,8 +181,8 @@ class ProxyTask(Task):
     if int(config.rl.group_size) != 1:
       raise ValueError(f"config key 'rl.group_size' is {config.rl.group_size}: SPARKLE grows one "
                        "tree per question (set rl.group_size=1)")
-    if (s.rollout == "standard" and config.rl.get("algo") == "ppo"
-        and config.rl.ppo.get("critic") == "tree_mc"):
+    if (s.rollout == "standard" and config.rl.algo == "ppo"
+        and config.rl.ppo.critic == "tree_mc"):
       raise ValueError("config key 'rl.ppo.critic' is 'tree_mc', whose values come from sibling "
                        "branches, but 'sparkle.rollout' is 'standard' (no siblings: every "
                        "advantage would be 0); use a value model or the tree rollout")
@@ -200,14 +200,13 @@ class ProxyTask(Task):
     self.env = CorpusSearch(config, sel, encoder)
     # Built from the corpus and the training questions only: no evaluation label reaches it.
     self.store = TripleStore(
-        knowledge_graph(self.env, self.train, s.get("triples_file", ""),
-                        s.get("kg_default", "sentences")),
+        knowledge_graph(self.env, self.train, s.triples_file, s.kg_default),
         self.env.encoder, cache_dir=str(self.env.index_dir))
     self.agent_cfg = agent_lib.AgentConfig.from_config(s.agent, self.style)
-    self.reward_cfg = rewards.RewardConfig.from_config(s.reward)
+    self.reward_cfg = s.reward
     self.depth = int(s.tree.depth)
     self.explore = s.rollout == "tree"
-    self.max_new = {k: int(v) for k, v in dict(s.max_new).items()}
+    self.max_new = {k: int(v) for k, v in dataclasses.asdict(s.max_new).items()}
     self.positions = int(config.model.max_position_embeddings)   # the policy's, once bound
     self.reader = None
     self._sft = None
@@ -219,9 +218,9 @@ class ProxyTask(Task):
     self.use_chat = bool(config.model.chat_template and
                          getattr(self.tokenizer, "chat_template", None))
     r = s.reader
-    if r.get("url", ""):
+    if r.url:
       self.reader = readers.EndpointReader(
-          r.url, r.model, style=self.style, max_tokens=int(r.get("max_tokens", 256)),
+          r.url, r.model, style=self.style, max_tokens=int(r.max_tokens),
           reasoning=self.agent_cfg.reasoning_reader, passage_words=self.agent_cfg.passage_words,
           search=self.agent_cfg.rd_mode == "reader", concurrency=r.concurrency, max_failure_rate=r.max_failure_rate,
           failure_window=r.failure_window, key_prefix="sparkle.reader.")
@@ -230,7 +229,7 @@ class ProxyTask(Task):
     unknown = sorted(set(models) - {"reader"})
     if unknown:
       raise ValueError(f"config section 'models' names {unknown}; sparkle takes only 'reader'")
-    if "reader" in models and not self.config.sparkle.reader.get("url", ""):
+    if "reader" in models and not self.settings.reader.url:
       self.reader = readers.LMReader(
           models["reader"], style=self.style, max_new_tokens=self.max_new["reader"],
           chunk=int(self.config.eval.batch_size), passage_words=self.agent_cfg.passage_words,
@@ -386,7 +385,7 @@ class ProxyTask(Task):
     """The oracle's correct trajectory on the world; with `sparkle.sft_trajectories`, the
     correct trajectories a stronger proxy wrote (trajectories.py)."""
     if self._sft is None:
-      path = self.config.sparkle.get("sft_trajectories", "")
+      path = self.settings.sft_trajectories
       if path:
         got = read_trajectories(path)
         self._sft = {k: [(self.role_prompt_ids(role, p), self.target_ids(t), None)
@@ -500,14 +499,14 @@ class ProxyTask(Task):
     t0 = time.perf_counter()
     runs[""] = ag.run(questions, greedy=True)
     seconds[""] = (time.perf_counter() - t0) / max(1, len(examples))
-    if self.config.sparkle.eval.get("baselines", True):
+    if self.settings.eval.baselines:
       key = tuple(str(ex.id) for ex in examples)
       if key not in self._baselines:
         base = {}
         t0 = time.perf_counter()
         base["llm_"] = (ag.run(questions, retrieve=False), None)
         base["llm_"] = (base["llm_"][0], (time.perf_counter() - t0) / max(1, len(examples)))
-        k = int(self.config.sparkle.eval.naive_k)
+        k = int(self.settings.eval.naive_k)
         t0 = time.perf_counter()
         ctx = self.env.search(questions, k)
         states = ag.run(questions, retrieve=False, contexts=ctx)
@@ -524,7 +523,7 @@ class ProxyTask(Task):
 
   def eval_metrics_batch(self, episodes) -> list:
     out = []
-    steps = int(self.config.sparkle.eval.get("recall_steps", 4))
+    steps = int(self.settings.eval.recall_steps)
     for ep in episodes:
       m = {}
       gold = set(self.gold(ep.example))
@@ -562,7 +561,7 @@ class ReaderTask(Task):
 
   def __init__(self, config, encoder=None):
     self.config = config
-    s = config.sparkle
+    self.settings = s = settings.parse(config)
     self.style = config.data.prompt_style
     if config_base.stage_runs(config.rl):
       raise ValueError(f"config keys 'rl.steps' / 'rl.epochs' are {config.rl.steps} / "
@@ -708,7 +707,7 @@ class ReaderTask(Task):
 
 
 def make_task(config):
-  role = config.get("sparkle", {}).get("role", "proxy")
+  role = config.sparkle.role
   if role == "proxy":
     return ProxyTask(config)
   if role == "reader":

@@ -109,7 +109,7 @@ def main(argv: Optional[list] = None) -> int:
   if task.reader is None:
     from rlrag_jax.models.sharding import make_mesh
     from rlrag_jax import run_dirs
-    run_dirs.bind(task, run_dirs.load_models(config.get("models"), make_mesh()))
+    run_dirs.bind(task, run_dirs.load_models(config.models, make_mesh()))
   propose = endpoint_proposer(fl.url, fl.model, task.max_new,
                               temperature=float(config.rl.temperature))
   counts = collect(task, task.train, propose, fl.out, min_f1=fl.min_f1, limit=fl.limit)

@@ -1,0 +1,28 @@
+"""ARENA's config section `reward`, parsed once into a frozen dataclass (`config_base.section`):
+every key is declared in configs/arena.py, none defaulted here. ARENA's two keys of the
+trainer's `sft` section (`sft.target`, `sft.teacher_traces`) are declared there too and read
+as they are. The rules on the values are in config_rules.py."""
+from __future__ import annotations
+
+import dataclasses
+
+from rlrag_jax import config_base
+
+
+@dataclasses.dataclass(frozen=True)
+class RewardSettings:
+  w_format: float
+  w_accuracy: float
+  w_relevance: float
+  bonus_value: float
+  relevance_parse: str          # 'strict' (a JSON list, the paper's) | 'lenient'
+  accuracy: str                 # 'em' | 'f1' | 'judge'
+  judge_url: str                # the accuracy judge (judge.from_config) when accuracy 'judge'
+  judge_model: str
+  judge_concurrency: int
+  judge_max_failure_rate: float
+  judge_failure_window: int
+
+
+def reward(config) -> RewardSettings:
+  return config_base.section(RewardSettings, config.reward, "reward")
