@@ -1,6 +1,8 @@
 """APEX's two endpoint commands against a local OpenAI-compatible server: the LLM rewrite of
 MuSiQue's symbolic steps (cached, bad replies fall back to the templates and are counted) and
 self-instructed executor trajectories (only correct ones kept, readable back for SFT)."""
+import dataclasses
+
 import pytest
 
 from chat_server import serve
@@ -84,7 +86,8 @@ def test_self_instruct_keeps_correct_trajectories_and_sft_reads_them(chat, task,
   first = calls[str(exs[0].id)]
   assert first[0][0].kind == "check" and first[-1] == (first[-1][0], exs[0].answers[0])
   # SFT on the file: one sample per call, the outputs as targets
-  task.config.apex.trajectories = str(tmp_path / "t.jsonl")
+  # settings are parsed once, when the task is built: the file is set as a built task sees it
+  task.settings = dataclasses.replace(task.settings, trajectories=str(tmp_path / "t.jsonl"))
   task._calls = None
   samples = task.sft_samples(exs[0])
   assert len(samples) == len(first)
