@@ -98,6 +98,10 @@ def decode_step(config: ModelConfig, packed, tokens, active, cache):
   cos, sin = jnp.cos(emb), jnp.sin(emb)
   key_mask = jax.lax.dynamic_update_slice(cache["mask"], active[:, None], (0, index))  # [B, S]
   neg = jnp.finfo(jnp.float32).min
+  # The mask as an additive bias, once per step: s + 0 is s and s + neg rounds to neg (|s| is
+  # far below neg's ulp), so every layer's softmax sees what `where(mask, s, neg)` gives, and
+  # the add fuses into the score reduction instead of a select pass over [B, S, K, G].
+  key_bias = jnp.where(key_mask, np.float32(0), neg)[:, :, None, None]    # [B, S, 1, 1]
   scale = np.float32(1.0 / math.sqrt(d))
 
   x = packed["embed"][tokens].astype(dt)                                   # [B, E]
@@ -119,7 +123,7 @@ def decode_step(config: ModelConfig, packed, tokens, active, cache):
     new_layers.append({"k": ck, "v": cv})
     qg = q.reshape(b, 1, kh, g, d).astype(jnp.float32)
     scores = jnp.sum(qg * ck[:, :, :, None, :].astype(jnp.float32), axis=-1) * scale  # [B,S,K,G]
-    scores = jnp.where(key_mask[:, :, None, None], scores, neg)
+    scores = scores + key_bias
     probs = jax.nn.softmax(scores, axis=1).astype(dt)
     out = jnp.sum(probs[..., None] * cv[:, :, :, None, :].astype(dt), axis=1)  # [B, K, G, D]
     y = _mm(out.reshape(b, h * d), lp["o"], config)
@@ -132,7 +136,11 @@ def decode_step(config: ModelConfig, packed, tokens, active, cache):
     x = x + _mm(jax.nn.silu(gu[:, :f]) * gu[:, f:], lp["down"], config)
   x = _rms(x, packed["norm"], config.rms_norm_eps, dt)
   tied = config.tie_word_embeddings
-  head = packed["embed"].T if tied else packed["lm_head"]               # [E, V], compute dtype
-  logits = jnp.dot(x, head, preferred_element_type=jnp.float32)          # [B, V]
+  if tied and jnp.dtype(dt) != jnp.float32:
+    logits = jax.lax.dot_general(x, packed["embed"], (((1,), (1,)), ((), ())),
+                                 preferred_element_type=jnp.float32)     # [B, V]
+  else:
+    head = packed["embed"].T if tied else packed["lm_head"]             # [E, V], compute dtype
+    logits = jnp.dot(x, head, preferred_element_type=jnp.float32)        # [B, V]
   new_cache = {"layers": tuple(new_layers), "mask": key_mask, "index": index + 1}
   return logits.astype(jnp.float32), new_cache
