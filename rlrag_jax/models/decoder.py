@@ -426,6 +426,30 @@ def remat_block(config: ModelConfig):
   return f
 
 
+def plain_block(config: ModelConfig):
+  """`f(params, x, cos, sin, allowed) -> y`: one `Block` without a cache, as a function."""
+  def apply(params, x, cos, sin, allowed):
+    return Block(config, parent=None).apply({"params": params}, x, cos, sin, allowed, None)[0]
+  return apply
+
+
+def _scanned_blocks(block_fn, layer_params: list, x, cos, sin, allowed):
+  """`model.scan_layers`: the blocks (without a cache) as one `lax.scan` over their params
+  stacked on a leading layer axis. XLA compiles one block instead of num_layers, and under
+  FSDP each iteration all-gathers only its own layer's weights: unrolled, XLA:CPU scheduled
+  the gathers early and kept many layers' weights alive at once (a 7B update on 8 devices,
+  32 x 4,096 tokens a micro-batch: 69.8 GiB per device unrolled, 35.9 scanned). The stack is
+  a copy of the params and its gradient one of theirs, which costs more than it saves on one
+  device (the 0.5B update at 64 x 512: 8.5 GiB of temporaries unrolled, 13.1 scanned)."""
+  stacked = jax.tree_util.tree_map(lambda *ps: jnp.stack(ps), *layer_params)
+
+  def body(h, p):
+    return block_fn(p, h, cos, sin, allowed), None
+
+  x, _ = jax.lax.scan(body, x, stacked)
+  return x
+
+
 class Backbone(nn.Module):
   """Embeddings, the decoder blocks and the final norm; returns hidden states [B, T, E]."""
   config: ModelConfig
@@ -463,6 +487,11 @@ class Backbone(nn.Module):
     new_layers = []
     remat = self.config.remat and cache is None and not self.is_initializing()
     block_fn = remat_block(self.config) if remat else None
+    if self.config.scan_layers and cache is None and not self.is_initializing():
+      x = _scanned_blocks(block_fn or plain_block(self.config),
+                          [layer.variables["params"] for layer in self.layers], x, cos, sin,
+                          allowed)
+      return self.norm(x), None
     for i, layer in enumerate(self.layers):
       if remat:
         x, kv = block_fn(layer.variables["params"], x, cos, sin, allowed), None
