@@ -18,6 +18,13 @@ WORLD = dict(num_countries=6, num_cities=24, num_people=80, num_orgs=20, num_fil
              num_books=40, num_questions=300)
 
 
+def test_a_group_is_flat_when_its_rewards_are_equal_even_if_their_std_is_not_zero():
+  flat = [{"total": 0.1}] * 3                 # np.std of these is 1.4e-17, not 0
+  assert not r2ag_task._spread(flat)
+  assert r2ag_task._spread([{"total": 0.1}, {"total": 0.1}, {"total": 0.2}])
+  assert not r2ag_task._spread([{"total": 0.0}] * 8)
+
+
 def _small(c, workdir):
   c.workdir = str(workdir)
   c.data.world = config_base.world_config(**WORLD)
