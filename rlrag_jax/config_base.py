@@ -239,6 +239,7 @@ ADDED_LATER = {
     "model.thinking": False,     # Qwen3's template rendered as before the key: thinking off
     "sft.epochs": 0.0,           # sft.steps counted the SFT warm-up
     "model.scan_layers": False,  # the blocks ran unrolled
+    "retrieval.scann_brute_force_below": 16384,   # ScaNN's default then (index.BRUTE_FORCE_BELOW)
 }
 
 

@@ -135,8 +135,8 @@ def _setup(config, stop_after) -> stages.Run:
   log.info("model: %s params, %d train / %d eval examples", f"{model_cfg.num_params():,}",
            len(task.train), len(task.eval))
   mesh = sharding.make_mesh(**dict(config.mesh))
-  train_missing(config.get("models"))
-  run_dirs.bind(task, run_dirs.load_models(config.get("models"), mesh))
+  train_missing(config.models)
+  run_dirs.bind(task, run_dirs.load_models(config.models, mesh))
   # From here on the config's <stage>.steps are the run's lengths (<stage>.epochs counted over
   # the task's data: stages.resolve_steps).
   items = sft_samples(task, config)
@@ -224,6 +224,6 @@ def task_for_checkpoint(config, path, step: Optional[int] = None) -> tuple:
   elif config.model.init == "hf" or (ckpt / "config.json").exists():
     config.model.init, config.model.path = "hf", str(ckpt)
   task = get_task(config.method, config)
-  train_missing(config.get("models"))
-  run_dirs.bind(task, run_dirs.load_models(config.get("models"), make_mesh()))
+  train_missing(config.models)
+  run_dirs.bind(task, run_dirs.load_models(config.models, make_mesh()))
   return task, lm

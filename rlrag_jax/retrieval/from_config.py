@@ -50,15 +50,12 @@ def retriever_for(config, corpus, encoder=None):
   """(encoder, Retriever, index folder), the index cached under `retrieval.cache_dir` (default
   <workdir>/retriever) by a fingerprint of the corpus, the encoder and the index settings."""
   from rlrag_jax.retrieval import Encoder, Retriever
-  from rlrag_jax.retrieval import index as index_lib
   rc = config.retrieval
   if encoder is None:
     encoder = Encoder.from_pretrained(rc.encoder_path or None)
   index_params = {}
   if rc.backend == "scann":
-    # A run's saved config.json from before the key existed lacks it: today's default then.
-    index_params["brute_force_below"] = int(rc.get("scann_brute_force_below",
-                                                   index_lib.BRUTE_FORCE_BELOW))
+    index_params["brute_force_below"] = int(rc.scann_brute_force_below)
   h = hashlib.sha1(encoder.id.encode())
   h.update(rc.backend.encode())
   for k, v in sorted(index_params.items()):

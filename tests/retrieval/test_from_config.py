@@ -56,8 +56,13 @@ def test_the_threshold_selects_brute_force_or_partitioned_and_keys_the_cache(tmp
 
 
 def test_a_saved_config_without_the_key_gets_the_default_and_exact_ignores_it(tmp_path):
+  from rlrag_jax import config_base
   corpus, enc = _corpus(), HashEncoder(dim=16)
-  _, old, old_dir = from_config.retriever_for(_config(tmp_path, "scann"), corpus, enc)
+  saved = _config(tmp_path, "scann")             # a run's config.json from before the key
+  assert config_base.ADDED_LATER["retrieval.scann_brute_force_below"] == BRUTE_FORCE_BELOW
+  assert "retrieval.scann_brute_force_below" in config_base.fill_added_later(
+      saved, config_base.ADDED_LATER)
+  _, old, old_dir = from_config.retriever_for(saved, corpus, enc)
   _, _, new_dir = from_config.retriever_for(
       _config(tmp_path, "scann", scann_brute_force_below=BRUTE_FORCE_BELOW), corpus, enc)
   assert old.index.mode == "brute_force" and old_dir == new_dir
