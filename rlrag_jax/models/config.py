@@ -79,9 +79,9 @@ class ModelConfig:
   remat: bool = False                   # rematerialise each block in the backward pass
   attention_block: int = 0              # > 0: attention over key blocks of this size with an
                                         # online softmax (no [T, S] score matrix; long contexts)
-  scan_layers: bool = False             # with remat: the blocks run as one `lax.scan` over
-                                        # their stacked params (one layer compiled, gathered
-                                        # and live at a time)
+  scan_layers: bool = False             # the cache-free forward (updates, log-probs) runs
+                                        # the blocks as one `lax.scan` over their stacked
+                                        # params: one layer compiled, and gathered, at a time
 
   @property
   def compute_dtype(self):

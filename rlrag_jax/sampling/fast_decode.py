@@ -136,6 +136,10 @@ def decode_step(config: ModelConfig, packed, tokens, active, cache):
     x = x + _mm(jax.nn.silu(gu[:, :f]) * gu[:, f:], lp["down"], config)
   x = _rms(x, packed["norm"], config.rms_norm_eps, dt)
   tied = config.tie_word_embeddings
+  # Reduced precision: contract the embedding's hidden axis directly; `x @ embed.T` made
+  # XLA:CPU write a float32 copy of the whole table every step. Float32 keeps `embed.T`, whose
+  # sums the CPU defaults' committed numbers were decoded with (dot_general differs in the last
+  # bit there).
   if tied and jnp.dtype(dt) != jnp.float32:
     logits = jax.lax.dot_general(x, packed["embed"], (((1,), (1,)), ((), ())),
                                  preferred_element_type=jnp.float32)     # [B, V]
