@@ -18,7 +18,8 @@ per device) and cost analysis (flops, bytes accessed: per device), beside an ide
            blocks and key-blocked attention (`config_base.use_hf_model`), logits in chunks of
            `--logits-chunk` elements (`rl.logits_chunk`), `--micro-batches` accumulated in the
            step; `--scan-layers` runs the blocks as one `lax.scan` (`model.scan_layers`, on in
-           the `paper` presets; XLA then counts one layer's FLOPs and bytes, so none print). Ideal: its arguments (params, AdamW moments, the batch) + one float32 gradient
+           the `paper` presets; XLA then counts one layer's FLOPs and bytes, so none print).
+           Ideal: its arguments (params, AdamW moments, the batch) + one float32 gradient
            + the residual stream the rematerialised backward pass keeps (layers x micro-batch
            tokens x hidden, compute dtype).
            With `--tokens-per-micro-batch N` (`rl.tokens_per_micro_batch`) the update is the

@@ -386,6 +386,13 @@ class Block(nn.Module):
     return x, new_kv
 
 
+def plain_block(config: ModelConfig):
+  """`f(params, x, cos, sin, allowed) -> y`: one `Block` without a cache, as a function."""
+  def apply(params, x, cos, sin, allowed):
+    return Block(config, parent=None).apply({"params": params}, x, cos, sin, allowed, None)[0]
+  return apply
+
+
 def remat_block(config: ModelConfig):
   """`f(params, x, cos, sin, allowed) -> y`: one `Block` (no cache) whose activations are
   recomputed in the backward pass instead of kept from the forward.
@@ -399,9 +406,7 @@ def remat_block(config: ModelConfig):
   ahead-of-time memory analysis on CPU could not show what remat saves. The row-local
   `g[..., :1]` keeps the dependency free of cross-device communication.
   """
-  def apply(params, x, cos, sin, allowed):
-    y, _ = Block(config, parent=None).apply({"params": params}, x, cos, sin, allowed, None)
-    return y
+  apply = plain_block(config)
 
   @jax.custom_vjp
   def f(params, x, cos, sin, allowed):
@@ -424,13 +429,6 @@ def remat_block(config: ModelConfig):
 
   f.defvjp(fwd, bwd)
   return f
-
-
-def plain_block(config: ModelConfig):
-  """`f(params, x, cos, sin, allowed) -> y`: one `Block` without a cache, as a function."""
-  def apply(params, x, cos, sin, allowed):
-    return Block(config, parent=None).apply({"params": params}, x, cos, sin, allowed, None)[0]
-  return apply
 
 
 def _scanned_blocks(block_fn, layer_params: list, x, cos, sin, allowed):
