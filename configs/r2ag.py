@@ -136,9 +136,9 @@ Differences from the paper, with the reason:
     evaluation most steps after the first have one, and there the default's model stops
     before the gold is complete (docs/results/README.md, "R2AG: the contexts inference
     builds").
-  - Zero-spread groups are dropped as in Algorithm 1 (their loss masks zeroed); r2ag.refill
-    draws replacements (on in the CPU default, at most 2 tries; off in ':paper'). In the CPU
-    trials about 5% of groups were flat.
+  - Zero-spread groups are dropped as in Algorithm 1 (the engine's rl.dynamic_sampling: their
+    loss masks zeroed); rl.dynamic_max_tries > 1 draws replacements (3 draws in the CPU
+    default; 1, none, in ':paper'). In the CPU trials about 5% of groups were flat.
   - Evaluation: t limits the queries expanded per output (r2ag.eval.t_base; the paper's main
     tables t = M/2 with M the dataset's maximum hops: 2 on the world; ':paper' sets it per
     dataset with r2ag.eval.t_base_by_dataset, M from section 3.1's hop counts: HotpotQA 2
@@ -167,7 +167,6 @@ def base_config() -> ml_collections.ConfigDict:
       train_top_k=1,                     # k in training (Top-Survivor: top-1)
       passage_words=0,                   # evidence cut to this many words (0: whole)
       oracle_predicted=True,             # the SFT oracle writes predicted queries
-      refill=False, refill_tries=2,
       reward=ml_collections.ConfigDict(dict(
           alpha=0.2, beta=0.3, gamma=0.2, ell=1.25, t_base=4, t_pred=2,
           format_per_part=0.01, format_max=0.02, weighting="eq5")),
@@ -194,6 +193,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.rl.clip_eps_low = 0.2
   c.rl.clip_eps_high = 0.28
   c.rl.kl_beta = 0.0
+  # Algorithm 1 drops the groups whose rewards do not vary (the engine's dynamic sampling,
+  # their loss masks zeroed); one draw a step: no replacements.
+  c.rl.dynamic_sampling = True
+  c.rl.dynamic_max_tries = 1
   return c
 
 
@@ -202,7 +205,7 @@ def get_config(arg: str = ""):
   if arg in ("", "default", "cpu", "long_warmup", "gpu"):
     c.data.world = config_base.world_config(**config_base.SMALL_WORLD)
     c.data.prompt_style = "compact"
-    c.r2ag.refill = True
+    c.rl.dynamic_max_tries = 3           # two draws of replacements for dropped groups
     c.r2ag.forest.size = 32
     # A partial warm-up: after 500 steps the model writes the format but copies the question's
     # entities into its queries only some of the time (held-out recall ~0.12), so RL has room.

@@ -51,6 +51,20 @@ class Episode:
                                padding=True)
 
 
+@dataclasses.dataclass
+class Group:
+  """Episodes that the group-relative advantages compare with each other, with their reward
+  dicts (one per episode, in order): a prompt's `rl.group_size` samples, or a tree decision's
+  sibling branches (any size). The unit of `Task.collect`, of dynamic sampling (a group whose
+  rewards do not vary is dropped) and of padding (`silenced`)."""
+  episodes: list
+  scores: list
+
+  def silenced(self) -> Group:
+    """The group's padding copy: every episode `Episode.silenced`, the reward dicts as drawn."""
+    return Group([e.silenced() for e in self.episodes], [dict(s) for s in self.scores])
+
+
 class Task(abc.ABC):
   """What the shared engine (trainer, evaluation, experiments) knows of a method.
 
@@ -71,17 +85,10 @@ class Task(abc.ABC):
   validation: Sequence[Any] = ()
   # The LLM judge's prompt for the 'judge' accuracy column (eval.judge_url).
   judge_prompt: judge_lib.JudgePrompt = judge_lib.DEFAULT_PROMPT
-  # Alternative engine paths, None where the task takes the engine's own:
-  #   collect(policy, examples, rng, *, group_size, step) -> (episodes, reward dicts)
-  #     rollouts that are not one stream per example (e.g. `rollout.tree.expand`); episodes may
-  #     set Episode.group (who is compared with whom), Episode.token_rewards (per-token
-  #     rewards, PPO) and Episode.baseline (rl.ppo.critic='tree_mc'), and pad their count with
-  #     Episode.silenced() copies. None: one `rollout` per drawn batch, scored by `rewards`,
-  #     with the engine's dynamic sampling.
+  # An alternative engine path, None where the task takes the engine's own:
   #   sft_samples(example) -> [(prompt_ids, target_ids, loss_mask | None), ...]
   #     several SFT samples per example (roles, turns); SFT then batches samples. None: one
   #     sample per example, prompt_ids + sft_target_ids with sft_loss_mask.
-  collect: Optional[Callable[..., tuple]] = None
   sft_samples: Optional[Callable[[Any], list]] = None
 
   # ------------------------------------------------------------------ required methods
@@ -118,6 +125,27 @@ class Task(abc.ABC):
     """Reward dicts of a whole rollout batch (override for one batched call, e.g. one encoder
     call a batch); by default `reward` per episode."""
     return [self.reward(e, step) for e in episodes]
+
+  def collect(self, policy: Callable, examples: Sequence[Any], rng, *, group_size: int,
+              want: int, step: int) -> list:
+    """One draw of an RL step's groups (list[Group]). The engine calls it once a step, and
+    again with fresh `examples` while `rl.dynamic_sampling` refills dropped groups; it drops
+    flat groups, pads, and silences the padding for every task, so a task returns what it
+    drew. `want` is how many groups the step still needs (a hint: `examples` is one drawn
+    batch of `rl.prompts_per_step` prompts).
+
+    By default `group_size` `rollout` samples per example, scored by `rewards`, one Group per
+    example. Override for rollouts that are not one stream per example: a tree of decisions
+    (groups of sibling branches, any size, `Episode.group` naming them), a forest that draws
+    its own questions (`examples` unused); episodes may also set `Episode.token_rewards`
+    (PPO) and `Episode.baseline` (rl.ppo.critic='tree_mc')."""
+    eps = list(self.rollout(policy, examples, rng, group_size=group_size))
+    scores = list(self.rewards(eps, step))
+    if len(scores) != len(eps):
+      raise ValueError(f"{type(self).__name__}.rewards returned {len(scores)} reward dicts for "
+                       f"{len(eps)} episodes")
+    return [Group(eps[i:i + group_size], scores[i:i + group_size])
+            for i in range(0, len(eps), group_size)]
 
   def eval_rollout(self, policy: Callable, examples: Sequence[Any], rng) -> list:
     """The evaluation's episodes, one per example; by default the greedy `rollout`."""

@@ -62,7 +62,10 @@ def test_the_defaults_are_the_single_stream_behaviour():
   assert task.state_dict() == {} and task.load_state_dict({}) is None
   assert task.monitors() == [] and task.report("/nowhere", None) is None
   assert list(task.validation) == [] and task.judge_prompt is judge.DEFAULT_PROMPT
-  assert task.collect is None and task.sft_samples is None
+  assert task.sft_samples is None
+  groups = task.collect(None, ["a", "b"], None, group_size=2, want=2, step=1)
+  assert [[e.text for e in g.episodes] for g in groups] == [["a", "aa"], ["b", "bb"]]
+  assert [[s["total"] for s in g.scores] for g in groups] == [[2.0, 3.0], [2.0, 3.0]]
   task.bind_models({})                                  # nothing to bind: accepted
   with pytest.raises(ValueError, match=r"names \['reader'\], but the minimal task takes no"):
     task.bind_models({"reader": object()})

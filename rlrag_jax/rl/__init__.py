@@ -6,7 +6,7 @@ from rlrag_jax.rl.advantages import (ADVANTAGE_ESTIMATORS, gae, group_advantages
                                      masked_whiten,
                                      rloo_advantages)
 from rlrag_jax.rl.dynamic_sampling import (FillResult, fill_groups, filter_zero_spread_groups,
-                                           pad_groups)
+                                           group_rewards, pad_groups)
 from rlrag_jax.rl.kl import KL_ESTIMATORS, kl
 from rlrag_jax.rl.logprobs import (completion_logprobs, shift_logprobs, token_entropy,
                                    token_logprobs)
@@ -21,7 +21,7 @@ from rlrag_jax.rl.train_step import (LossConfig, OptimizerConfig, TrainState, ab
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS", "gae", "group_advantages", "keyed_advantages", "masked_whiten", "rloo_advantages",
-    "FillResult", "fill_groups", "filter_zero_spread_groups", "pad_groups", "KL_ESTIMATORS",
+    "FillResult", "fill_groups", "filter_zero_spread_groups", "group_rewards", "pad_groups", "KL_ESTIMATORS",
     "kl",
     "completion_logprobs", "shift_logprobs", "token_entropy", "token_logprobs", "AGGREGATIONS",
     "aggregate", "aggregation_terms", "kl_penalty_rewards", "outcome_token_rewards",

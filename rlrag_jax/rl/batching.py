@@ -1,7 +1,6 @@
 """How one step's batch splits, read from config section `rl` (or `sft`): the learner
 (`rl.algo`), its mini-batches and micro-batches, and the episode count a step must be a
-multiple of (`episode_unit`). Pure config reading, below `training`, so that a method's
-`collect` hook pads to `episode_unit` without importing the trainer's parts.
+multiple of (`episode_unit`). Pure config reading, below `training`.
 """
 from __future__ import annotations
 
@@ -55,7 +54,8 @@ def equal_micro_batches(section) -> int:
 def episode_unit(rl) -> int:
   """The number a step's episode count must be a multiple of: rl.micro_batches in each of
   the mini-batches (token-budget micro-batches pad their own rows: the mini-batches only).
-  A task that pads its own episode count (a `collect` hook) pads to a multiple of this.
+  The engine pads a collection of varying count (training.collection.batch_size) to a
+  multiple of this.
   With rl.ppo.mini_batch_size the mini-batches take any size (PPOLearner requires
   rl.micro_batches 1 or a token budget then): 1."""
   if mini_batch_size(rl):

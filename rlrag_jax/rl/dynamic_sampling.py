@@ -34,7 +34,7 @@ def filter_zero_spread_groups(rewards, group_size: int, tol: float = 0.0) -> np.
 class FillResult:
   """What `fill_groups` collected, and counts for metrics."""
   groups: list              # kept group payloads, at most target_groups
-  rewards: np.ndarray       # [len(groups), G]
+  rewards: list             # per kept group, its rewards ([size] float64; sizes may differ)
   tries: int                # calls to sample_fn
   drawn: int                # groups drawn over all tries
   discarded: int            # groups dropped for zero reward spread
@@ -47,18 +47,35 @@ class FillResult:
             "dynamic_sampling/complete": float(self.complete)}
 
 
+def group_rewards(rewards, n_groups: int) -> list:
+  """Per group, its rewards as a float64 array: `rewards` is [n_groups, G] (or a flat
+  [n_groups * G]) for groups of one size, or a sequence of n_groups sequences of any sizes
+  (a tree's sibling branches)."""
+  if n_groups and len(rewards) == n_groups and all(np.ndim(r) == 1 for r in rewards):
+    out = [np.asarray(r, dtype=np.float64) for r in rewards]
+  else:
+    flat = np.asarray(rewards, dtype=np.float64).reshape(-1)
+    if n_groups < 1 or flat.size % n_groups:
+      raise ValueError(f"group_rewards: {flat.size} rewards do not split into {n_groups} "
+                       "groups of one size")
+    out = list(flat.reshape(n_groups, -1))
+  if any(r.size == 0 for r in out):
+    raise ValueError("group_rewards: a group without rewards (every group has >= 1 episode)")
+  return out
+
+
 def fill_groups(sample_fn: Callable[[int], tuple], target_groups: int, max_tries: int,
                 tol: float = 0.0) -> FillResult:
   """Draws until `target_groups` groups with nonzero reward spread are kept or tries run out.
 
   Args:
-    sample_fn: `sample_fn(needed) -> (groups, rewards)`: draws prompts, rolls out G samples each
-      and scores them. `needed` is how many groups are still missing (a hint; it may draw more or
-      fewer). `groups` is a sequence of per-group payloads (anything), `rewards` is
-      [len(groups), G] or [len(groups) * G].
+    sample_fn: `sample_fn(needed) -> (groups, rewards)`: draws prompts, rolls out their groups
+      and scores them. `needed` is how many groups are still missing (a hint; it may draw more
+      or fewer). `groups` is a sequence of per-group payloads (anything), `rewards` the
+      groups' rewards as `group_rewards` reads them (groups may differ in size).
     target_groups: groups wanted.
     max_tries: the most calls to sample_fn.
-    tol: see `filter_zero_spread_groups`.
+    tol: a group is kept when max - min of its rewards > tol (`filter_zero_spread_groups`).
 
   Returns:
     A FillResult; extra informative groups beyond the target are dropped (first come first kept).
@@ -70,39 +87,29 @@ def fill_groups(sample_fn: Callable[[int], tuple], target_groups: int, max_tries
   kept: list = []
   kept_rewards: list = []
   tries = drawn = discarded = 0
-  group_size = None
   while len(kept) < target_groups and tries < max_tries:
     groups, rewards = sample_fn(target_groups - len(kept))
     tries += 1
     groups = list(groups)
     if not groups:
       continue
-    r = np.asarray(rewards, dtype=np.float64).reshape(len(groups), -1)     # [n, G]
-    if group_size is None:
-      group_size = r.shape[1]
-    elif r.shape[1] != group_size:
-      raise ValueError(f"fill_groups: sample_fn returned groups of {r.shape[1]} samples after "
-                       f"earlier groups of {group_size}")
-    keep = filter_zero_spread_groups(r, group_size, tol)
+    rows = group_rewards(rewards, len(groups))
     drawn += len(groups)
-    discarded += int((~keep).sum())
-    for g, row, k in zip(groups, r, keep):
-      if k and len(kept) < target_groups:
+    for g, row in zip(groups, rows):
+      if row.max() - row.min() <= tol:
+        discarded += 1
+      elif len(kept) < target_groups:
         kept.append(g)
         kept_rewards.append(row)
-  rewards_arr = (np.stack(kept_rewards) if kept_rewards
-                 else np.zeros((0, group_size or 0), np.float64))
-  return FillResult(groups=kept, rewards=rewards_arr, tries=tries, drawn=drawn,
+  return FillResult(groups=kept, rewards=kept_rewards, tries=tries, drawn=drawn,
                     discarded=discarded, complete=len(kept) == target_groups)
 
 
-
 def pad_groups(kept: list, dropped: list, target_groups: int) -> tuple:
-  """(groups, padded): the first `target_groups` of `kept`, then, while fewer, silenced copies
-  (`Episode.silenced`: loss mask zeroed) of the first `dropped` groups, so the update's shapes
-  stay fixed and the padding adds nothing to the loss; `padded` counts them. A group is
-  (episodes, reward dicts); the reward dicts stay as drawn. The engine's dynamic sampling and a
-  task that drops flat groups in its own `collect` (R2AG) both pad with it."""
+  """(groups, padded): the first `target_groups` of `kept`, then, while fewer, the padding
+  copies (`.silenced()`: an `Episode`'s loss mask zeroed, a `tasks.Group`'s every episode) of
+  the first `dropped` groups, so the update's shapes stay fixed and the padding adds nothing
+  to the loss; `padded` counts them. The engine's dynamic sampling pads with it."""
   out = list(kept[:target_groups])
   fill = list(dropped[:target_groups - len(out)])
-  return out + [([e.silenced() for e in eps], scores) for eps, scores in fill], len(fill)
+  return out + [g.silenced() for g in fill], len(fill)

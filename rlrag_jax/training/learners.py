@@ -483,7 +483,7 @@ class PPOLearner:
     by_size = bool(mini_batch_size(rl))
     size = n // mini
     if not by_size and (n % mini or size % equal_micro_batches(rl)):
-      # The episode count is the task's (a task with a `collect` hook pads it to its own
+      # The episode count may vary (a tree's decisions, padded to collection.batch_size's
       # buckets), so the split is checked here, per step.
       raise ValueError(
           f"config key 'rl.ppo.mini_batches' = {mini}: it must divide the {n} episodes of this "

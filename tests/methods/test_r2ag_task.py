@@ -18,11 +18,13 @@ WORLD = dict(num_countries=6, num_cities=24, num_people=80, num_orgs=20, num_fil
              num_books=40, num_questions=300)
 
 
-def test_a_group_is_flat_when_its_rewards_are_equal_even_if_their_std_is_not_zero():
-  flat = [{"total": 0.1}] * 3                 # np.std of these is 1.4e-17, not 0
-  assert not r2ag_task._spread(flat)
-  assert r2ag_task._spread([{"total": 0.1}, {"total": 0.1}, {"total": 0.2}])
-  assert not r2ag_task._spread([{"total": 0.0}] * 8)
+def test_flat_groups_are_dropped_by_the_engine_s_dynamic_sampling():
+  """Algorithm 1 drops zero-spread groups: every preset hands that to the engine (one draw in
+  ':paper', replacements drawn in the CPU default)."""
+  for arg, tries in (("", 3), ("paper", 1), ("long_warmup", 3)):
+    rl = r2ag.get_config(arg).rl
+    assert (rl.dynamic_sampling, rl.dynamic_sampling_key, rl.dynamic_max_tries) == (
+        True, "total", tries), arg
 
 
 def _small(c, workdir):
@@ -101,7 +103,7 @@ def test_trains_reports_and_resumes_the_forest_exactly(tmp_path, generator):
     assert name in report
   rows = [json.loads(l) for l in (tmp_path / "whole" / "metrics.jsonl").open()]
   rl = [r for r in rows if r.get("stage") == "rl"]
-  assert len(rl) == 3 and all("reward/mh" in r and "reward/kept_group" in r for r in rl)
+  assert len(rl) == 3 and all("reward/mh" in r and "dynamic/dropped_groups" in r for r in rl)
 
   # killed after the second RL step, then resumed: the same forest, the same evaluation
   sft = 6

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from rlrag_jax import rl
-from rlrag_jax.tasks import Episode
+from rlrag_jax.tasks import Episode, Group
 
 
 def test_filter_zero_spread_groups():
@@ -38,7 +38,7 @@ def test_fill_groups_collects_until_full():
   ])
   res = rl.fill_groups(s, target_groups=3, max_tries=10)
   assert res.groups == ["b", "d", "f"]
-  np.testing.assert_array_equal(res.rewards, [[0, 1], [1, 0], [0, 1]])
+  np.testing.assert_array_equal(np.stack(res.rewards), [[0, 1], [1, 0], [0, 1]])
   assert (res.tries, res.drawn, res.discarded, res.complete) == (3, 8, 3, True)
   assert s.needed == [3, 2, 1]
   assert res.metrics()["dynamic_sampling/kept_groups"] == 3
@@ -49,31 +49,41 @@ def test_fill_groups_runs_out_of_tries():
   res = rl.fill_groups(s, target_groups=4, max_tries=3)
   assert res.groups == ["b"] and not res.complete
   assert (res.tries, res.drawn, res.discarded) == (3, 3, 2)
-  assert res.rewards.shape == (1, 3)
+  assert [r.shape for r in res.rewards] == [(3,)]
 
 
-def test_fill_groups_rejects_changing_group_size():
-  s = _Sampler([(["a"], [[0, 1]]), (["b"], [[0, 1, 1]])])
-  with pytest.raises(ValueError, match="groups of 3 samples"):
-    rl.fill_groups(s, target_groups=2, max_tries=2)
+def test_fill_groups_takes_groups_of_any_size():
+  # A tree's decisions: groups of 3, 1 and 2 siblings; the one-member group has no spread.
+  s = _Sampler([(["a", "b", "c"], [[0, 0, 1], [5], [2, 2]]), (["d"], [[1, 0, 0, 0]])])
+  res = rl.fill_groups(s, target_groups=2, max_tries=2)
+  assert res.groups == ["a", "d"] and res.discarded == 2 and res.complete
+  # equal rewards whose np.std is 1.4e-17, not 0, are a flat group
+  s = _Sampler([(["e", "f"], [[0.1, 0.1, 0.1], [0.1, 0.1, 0.2]])])
+  assert rl.fill_groups(s, target_groups=2, max_tries=1).groups == ["f"]
+  assert [list(r) for r in res.rewards] == [[0, 0, 1], [1, 0, 0, 0]]
+  with pytest.raises(ValueError, match="5 rewards do not split into 2 groups"):
+    rl.group_rewards([1, 2, 3, 4, 5], 2)
+  with pytest.raises(ValueError, match="a group without rewards"):
+    rl.group_rewards([[1.0], []], 2)
 
 
 def test_pad_groups_fills_with_silenced_dropped_groups_in_order():
   def group(tag, n=2):
-    return ([Episode(tag, [1], [2, 3], [1, 1], tag, {"k": tag}) for _ in range(n)],
-            [{"total": 0.0}] * n)
+    return Group([Episode(tag, [1], [2, 3], [1, 1], tag, {"k": tag}) for _ in range(n)],
+                 [{"total": 0.0} for _ in range(n)])
 
   kept, dropped = [group("a")], [group("x"), group("y"), group("z")]
   out, padded = rl.pad_groups(kept, dropped, 3)
-  assert padded == 2 and [eps[0].example for eps, _ in out] == ["a", "x", "y"]
+  assert padded == 2 and [g.episodes[0].example for g in out] == ["a", "x", "y"]
   assert out[0] is kept[0]                                   # kept groups are not copied
-  for (eps, scores), (_, drawn_scores) in zip(out[1:], dropped):
+  for got, drawn in zip(out[1:], dropped):
     assert all(e.padding and e.loss_mask == [0, 0] and e.completion_ids == [2, 3]
-               for e in eps)
-    assert scores is drawn_scores                           # rewards as drawn
-  # the originals are untouched, and a copy's info is its own
-  assert not any(e.padding or e.loss_mask != [1, 1] for eps, _ in dropped for e in eps)
-  out[1][0][0].info["k"] = "changed"
-  assert dropped[0][0][0].info["k"] == "x"
+               for e in got.episodes)
+    assert got.scores == drawn.scores                       # rewards as drawn
+  # the originals are untouched, and a copy's info and reward dicts are its own
+  assert not any(e.padding or e.loss_mask != [1, 1] for g in dropped for e in g.episodes)
+  out[1].episodes[0].info["k"] = "changed"
+  out[1].scores[0]["total"] = 9.0
+  assert dropped[0].episodes[0].info["k"] == "x" and dropped[0].scores[0]["total"] == 0.0
   # enough kept: cut to the target, nothing padded
   assert rl.pad_groups(kept * 4, dropped, 3) == (kept * 3, 0)

@@ -9,7 +9,7 @@ import pytest
 from configs import arena
 from stub_task import StubTask
 from rlrag_jax.rollout.batch import pack
-from rlrag_jax.tasks import Episode
+from rlrag_jax.tasks import Episode, Group
 from rlrag_jax.training import collection, learners
 
 
@@ -54,25 +54,73 @@ def test_dynamic_sampling_pads_to_a_fixed_batch_with_silenced_groups():
                                          jax.random.PRNGKey(0), c, 1)
   # Two draws keep 'a' twice (3 wanted); one flat group 'f' pads the batch, silenced.
   assert [e.example for e in eps] == ["a", "a", "a", "a", "f", "f"]
-  assert fill == {"tries": 2.0, "dropped_groups": 2.0, "padded_groups": 1.0}
+  assert fill == {"tries": 2.0, "dropped_groups": 2.0, "padded_groups": 1.0,
+                  "padded_episodes": 0.0}
   assert [sum(e.loss_mask) for e in eps] == [2, 2, 2, 2, 0, 0]
   assert eps[4].padding and not eps[0].padding
 
 
-def test_a_task_collect_hook_replaces_the_rollout():
-  class Task(StubTask):
-    def collect(self, policy, exs, key, *, group_size, step):
-      eps = [_ep("t", v) for v in (1.0, 0.0, 5.0)]
-      for e, g in zip(eps, (7, 7, 9)):
-        e.group = g
-      return eps, [{"total": e.info["value"]} for e in eps]
+def _tree_groups(sizes_values):
+  """Groups of the given sizes, each episode named by its group (as a tree's decisions)."""
+  groups = []
+  for gid, values in sizes_values:
+    eps = [_ep(f"t{gid}", v) for v in values]
+    for e in eps:
+      e.group = gid
+    groups.append(Group(eps, [{"total": v} for v in values]))
+  return groups
 
-  eps, scores, _ = collection.collect(Task(), None, itertools.repeat(["x"]),
-                                      jax.random.PRNGKey(0), _config(), 1)
-  assert len(eps) == 3 and learners._group_keys(eps) == [7, 7, 9]
-  with pytest.raises(ValueError, match="'rl.dynamic_sampling' is on"):
-    collection.collect(Task(), None, itertools.repeat(["x"]), jax.random.PRNGKey(0),
-                       _config(dynamic_sampling=True), 1)
+
+def test_a_task_collect_hook_replaces_the_rollout_and_its_count_is_padded_to_a_bucket():
+  asked = []
+
+  class Task(StubTask):
+    def collect(self, policy, exs, key, *, group_size, want, step):
+      asked.append((list(exs), group_size, want, step))
+      return _tree_groups([(7, (1.0, 0.0)), (9, (5.0,))])
+
+  eps, scores, fill = collection.collect(Task(), None, itertools.repeat(["x"]),
+                                         jax.random.PRNGKey(0), _config(), 1)
+  assert asked == [(["x"], 2, 2, 1)]
+  # 3 episodes against a nominal 2 x 2: padded to the bucket of 8 with silenced copies of the
+  # first ones (rewards as drawn), so that the update sees a bounded set of shapes.
+  assert collection.batch_size(3, _config().rl) == 8
+  assert len(eps) == 8 and fill["padded_episodes"] == 5.0
+  assert learners._group_keys(eps[:3]) == [7, 7, 9]
+  assert [e.padding for e in eps] == [False] * 3 + [True] * 5
+  assert [e.example for e in eps[3:]] == ["t7", "t7", "t9", "t7", "t7"]
+  assert [s["total"] for s in scores] == [1.0, 0.0, 5.0, 1.0, 0.0, 5.0, 1.0, 0.0]
+  # micro-batches: the bucket is a multiple of the episode unit
+  assert collection.batch_size(3, _config(micro_batches=16).rl) == 16
+  assert collection.batch_size(40, _config().rl) == 48
+
+
+def test_dynamic_sampling_drops_a_task_s_flat_groups_of_any_size():
+  draws = iter([_tree_groups([(1, (1.0, 1.0, 1.0)), (2, (0.0, 1.0))]),
+                _tree_groups([(3, (2.0,)), (4, (0.0, 0.5, 0.0))])])
+  asked = []
+
+  class Task(StubTask):
+    def collect(self, policy, exs, key, *, group_size, want, step):
+      asked.append(want)
+      return next(draws)
+
+  eps, _, fill = collection.collect(Task(), None, itertools.repeat(["x"]),
+                                    jax.random.PRNGKey(0),
+                                    _config(dynamic_sampling=True, dynamic_max_tries=2), 1)
+  # Kept: group 2 (first draw) and group 4 (second); the flat groups 1 and 3 are dropped.
+  assert asked == [2, 1] and [e.example for e in eps[:5]] == ["t2", "t2", "t4", "t4", "t4"]
+  assert fill == {"tries": 2.0, "dropped_groups": 2.0, "padded_groups": 0.0,
+                  "padded_episodes": 3.0}
+  assert not any(e.padding for e in eps[:5]) and all(e.padding for e in eps[5:])
+
+  class Empty(StubTask):
+    def collect(self, policy, exs, key, *, group_size, want, step):
+      return [Group([_ep("a", 1.0)], [])]
+
+  with pytest.raises(ValueError, match="group 0 has 1 episodes and 0 reward dicts"):
+    collection.collect(Empty(), None, itertools.repeat(["x"]), jax.random.PRNGKey(0),
+                       _config(), 1)
 
 
 def test_token_rewards_land_on_their_completion_tokens():

@@ -15,7 +15,7 @@ from rlrag_jax import config_base, run_dirs, trainer
 from rlrag_jax.generate import byte_level_tokenizer
 from rlrag_jax.rollout import tree
 from rlrag_jax.rollout.single_turn import completion_ids, single_turn
-from rlrag_jax.tasks import Episode, Task
+from rlrag_jax.tasks import Episode, Group, Task
 
 pytestmark = pytest.mark.slow
 
@@ -76,7 +76,7 @@ class ToyTreeTask(Task):
     probs = jax.nn.softmax(self.reader.logits(ids, mask)[:, -1], axis=-1)
     return [float(p) for p in np.asarray(probs[:, self._enc("Y")[0]])]
 
-  def collect(self, policy, examples, rng, *, group_size, step):
+  def collect(self, policy, examples, rng, *, group_size, want, step):
     level = [0]
     roots = [self.prompt_ids(ex) for ex in examples]
     ctx = policy.contexts()          # the roots' KV cache, forked to their branches
@@ -106,14 +106,15 @@ class ToyTreeTask(Task):
     self.forests.append(forest)
     self.prefilled.append((ctx.prefill_tokens, sum(len(r) - 1 for r in roots)))
     self.pool.append([step, max(l.reward for l in forest.leaves())])
-    episodes, scores = [], []
+    groups = {}
     for d in forest.decisions():
       prompt, comp = d.sample
-      episodes.append(Episode(example=examples[d.tree], prompt_ids=prompt, completion_ids=comp,
-                              loss_mask=[1] * len(comp), text="", group=d.group,
-                              info={"action": d.action}))
-      scores.append({"total": d.ret})
-    return episodes, scores
+      grp = groups.setdefault(d.group, Group([], []))
+      grp.episodes.append(Episode(example=examples[d.tree], prompt_ids=prompt,
+                                  completion_ids=comp, loss_mask=[1] * len(comp), text="",
+                                  group=d.group, info={"action": d.action}))
+      grp.scores.append({"total": d.ret})
+    return list(groups.values())
 
   def rollout(self, policy, examples, rng, *, group_size=1, greedy=False):
     return single_turn(policy, examples, self.prompt_ids, lambda ids: "", rng,

@@ -18,7 +18,6 @@ RULES = {
     "r2ag.role": cc.OneOf(task.ROLES),
     "r2ag.train_top_k": cc.COUNT,
     "r2ag.passage_words": cc.COUNT_OR_OFF,           # 0: whole passages
-    "r2ag.refill_tries": cc.COUNT,
     "r2ag.generator_distractors": cc.NON_NEGATIVE,
     "r2ag.reward.alpha": cc.NON_NEGATIVE,            # weights of Eq. 5's terms
     "r2ag.reward.beta": cc.NON_NEGATIVE,

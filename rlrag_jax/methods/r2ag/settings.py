@@ -36,8 +36,6 @@ class SteeringSettings:
   train_top_k: int
   passage_words: int          # evidence cut to this many words (0: whole)
   oracle_predicted: bool
-  refill: bool
-  refill_tries: int
   reward: RewardConfig
   forest: ForestConfig
   eval: EvalSettings

@@ -27,9 +27,8 @@ from rlrag_jax.data import sources
 from rlrag_jax.methods.r2ag import forest as forest_lib
 from rlrag_jax.methods.r2ag import inference, parsing, prompts, rewards, settings
 from rlrag_jax.retrieval.corpus_search import CorpusSearch
-from rlrag_jax.rl import dynamic_sampling
 from rlrag_jax.rollout.single_turn import completion_ids, decode_keeping_tags
-from rlrag_jax.tasks import Episode, Task
+from rlrag_jax.tasks import Episode, Group, Task
 
 ROLES = ("steering", "generator")
 SPECIAL_TOKENS = ("<think>", "</think>", "<base-Q>", "</base-Q>", "<predicted-Q>",
@@ -79,7 +78,6 @@ class SteeringTask(Task):
     self.corpus = CorpusSearch(config, sel, encoder)
     self.forest = forest_lib.Forest(len(self.train), r.forest,
                                     seed=config.seed)
-    self.refill, self.refill_tries = bool(r.refill), int(r.refill_tries)
     self.generator = None
     self._groups = 0
     from rlrag_jax.data.tokenizer import tokenizer_for
@@ -224,29 +222,13 @@ class SteeringTask(Task):
       groups.append((eps, scs))
     return groups
 
-  def collect(self, policy, examples, rng, *, group_size, step):
-    """One RL step over the forest (the trainer's `examples` are not used: the forest draws its
-    own questions). Groups whose rewards do not vary are dropped (their loss masks zeroed, so
-    the update keeps its shape); with `r2ag.refill` more expansions are drawn in their place,
-    at most `r2ag.refill_tries` times."""
-    import jax
-    want = int(self.config.rl.prompts_per_step)
-    groups = self._expand(policy, self.forest.take(want), rng, group_size)
-    kept = [gr for gr in groups if _spread(gr[1])]
-    dropped = [gr for gr in groups if not _spread(gr[1])]
-    tries = 0
-    while self.refill and dropped and len(kept) < want and tries < self.refill_tries:
-      tries += 1
-      more = self._expand(policy, self.forest.take(want - len(kept)),
-                          jax.random.fold_in(rng, tries), group_size)
-      kept += [gr for gr in more if _spread(gr[1])]
-      dropped += [gr for gr in more if not _spread(gr[1])]
-    n_kept = min(len(kept), want)
-    out, _ = dynamic_sampling.pad_groups(kept, dropped, want)
-    episodes = [e for eps, _ in out for e in eps]
-    scores = [dict(s, kept_group=float(i < n_kept)) for i, (_, scs) in enumerate(out)
-              for s in scs]
-    return episodes, scores
+  def collect(self, policy, examples, rng, *, group_size, want, step):
+    """`want` expansions of the forest's next items, a Group each (the trainer's `examples`
+    are not used: the forest draws its own questions). The engine drops the groups whose
+    rewards do not vary (Algorithm 1) and, with `rl.dynamic_max_tries` > 1, calls again for
+    replacements."""
+    return [Group(eps, scs) for eps, scs in
+            self._expand(policy, self.forest.take(want), rng, group_size)]
 
   # ---------------------------------------------------------------- state (the forest)
   def state_dict(self) -> dict:
@@ -404,13 +386,6 @@ def later_step_counts(outputs, gold) -> dict:
     c["later_premature_stops"] += premature
     c["later_noisy_premature_stops"] += premature and noisy
   return c
-
-
-def _spread(scores) -> bool:
-  """Whether a group's rewards vary, by the engine's dynamic-sampling test (max - min > 0).
-  `np.std > 0`, used before, kept some flat groups: the std of three 0.1s is 1.4e-17."""
-  totals = [s["total"] for s in scores]
-  return bool(dynamic_sampling.filter_zero_spread_groups(totals, len(totals))[0])
 
 
 class GeneratorTask(Task):

@@ -31,9 +31,8 @@ from rlrag_jax.methods.sparkle import parsing, prompts, readers, rewards, settin
 from rlrag_jax.methods.sparkle.report import VARIANTS
 from rlrag_jax.methods.sparkle.triples import TripleStore
 from rlrag_jax.retrieval.corpus_search import CorpusSearch
-from rlrag_jax.rl import batching
 from rlrag_jax.rollout.single_turn import decode_keeping_tags
-from rlrag_jax.tasks import Episode, Task
+from rlrag_jax.tasks import Episode, Group, Task
 
 ROLES = ("proxy", "reader")
 ROLLOUTS = ("tree", "standard")
@@ -427,11 +426,10 @@ class ProxyTask(Task):
           yield plan.need(i) + " " + plan.fact(i)
 
   # ---------------------------------------------------------------- RL: tree rollouts
-  def collect(self, policy, examples, rng, *, group_size, step):
+  def collect(self, policy, examples, rng, *, group_size, want, step):
     """One tree (or one standard rollout) per question; one episode per proxy decision with
-    its Monte-Carlo return. The episode count is padded to a coarse bucket with silenced
-    copies so that the update compiles a bounded set of shapes."""
-    from rlrag_jax.rollout.batch import geometric_round
+    its Monte-Carlo return, a Group per decision (its sibling branches: `Episode.group`).
+    (The engine pads the count, which varies, to a bucket of bounded shapes.)"""
     examples = list(examples)
     ag = self.agent(policy, rng)
 
@@ -468,12 +466,13 @@ class ProxyTask(Task):
                               completion_ids=comp, loss_mask=[0] * len(comp), text="",
                               info={"role": "rd"}, group=-1, baseline=0.0, padding=True))
       scores.append({"total": 0.0, **{f"is_{r}": 0.0 for r in agent_lib.ROLES}, **stats})
-    unit = batching.episode_unit(self.config.rl)    # the smallest multiple of it >= 8
-    want = geometric_round(len(episodes), unit * -(-8 // unit), per_octave=2)
-    for k in range(want - len(episodes)):
-      episodes.append(episodes[k % len(episodes)].silenced())
-      scores.append(dict(scores[k % len(scores)]))
-    return episodes, scores
+    groups = []      # runs of one Episode.group, in the forest's order
+    for ep, sc in zip(episodes, scores):
+      if not groups or groups[-1].episodes[-1].group != ep.group:
+        groups.append(Group([], []))
+      groups[-1].episodes.append(ep)
+      groups[-1].scores.append(sc)
+    return groups
 
   def rollout(self, policy, examples, rng, *, group_size=1, greedy=False):
     """The linear loop (one episode per question: its final state; the trainer's RL loop
