@@ -36,7 +36,8 @@ def main(argv):
   if loaded is None:
     return 2
   task, lm = loaded
-  policy = checkpoint_policy(lm, task.tokenizer, config.eval.max_new_tokens)
+  policy = checkpoint_policy(lm, task.tokenizer, config.eval.max_new_tokens,
+                             rows_per_call=int(config.eval.batch_size))
   examples = sources.cut_eval(list(task.eval), config.eval.num_examples, "eval.num_examples")
   result = evaluation.evaluate(task, policy, examples, batch_size=config.eval.batch_size,
                                seed=config.seed,

@@ -80,6 +80,9 @@ class Task(abc.ABC):
   eval: Sequence[Any]           # held-out examples
 
   # ------------------------------------------------------------------ optional data
+  # The training stages the task supports: the trainer refuses a config that trains another
+  # (an SFT-only role: ('sft',)).
+  stages: tuple = ("sft", "rl")
   # Held-out examples for model selection while training (data.val_mix; eval.val_every,
   # eval.early_stop_patience): disjoint from train and eval.
   validation: Sequence[Any] = ()
@@ -108,7 +111,9 @@ class Task(abc.ABC):
 
   @abc.abstractmethod
   def reward(self, episode: Episode, step: int = 0) -> dict:
-    """Component dict with a 'total' key; never raises on malformed model output."""
+    """Component dict with a 'total' key; never raises on malformed model output. `step` is
+    the RL step (1: the first RL step, whatever the SFT warm-up's length; 0 outside
+    training)."""
 
   @abc.abstractmethod
   def eval_metrics(self, episode: Episode) -> dict:
@@ -140,10 +145,7 @@ class Task(abc.ABC):
     its own questions (`examples` unused); episodes may also set `Episode.token_rewards`
     (PPO) and `Episode.baseline` (rl.ppo.critic='tree_mc')."""
     eps = list(self.rollout(policy, examples, rng, group_size=group_size))
-    scores = list(self.rewards(eps, step))
-    if len(scores) != len(eps):
-      raise ValueError(f"{type(self).__name__}.rewards returned {len(scores)} reward dicts for "
-                       f"{len(eps)} episodes")
+    scores = score(self, eps, step)
     return [Group(eps[i:i + group_size], scores[i:i + group_size])
             for i in range(0, len(eps), group_size)]
 
@@ -179,6 +181,15 @@ class Task(abc.ABC):
 
   def report(self, workdir, runlog) -> None:
     """Method-specific plots and tables after training; none by default."""
+
+
+def score(task: Task, episodes: Sequence[Episode], step: int) -> list:
+  """The reward dicts of `episodes` at RL step `step` (`Task.rewards`), one per episode."""
+  out = list(task.rewards(episodes, step))
+  if len(out) != len(episodes):
+    raise ValueError(f"{type(task).__name__}.rewards returned {len(out)} reward dicts for "
+                     f"{len(episodes)} episodes")
+  return out
 
 
 def get_task(name: str, config) -> Task:

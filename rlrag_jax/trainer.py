@@ -18,8 +18,8 @@ from typing import Any, Optional
 
 import jax
 
-from rlrag_jax import (compile_cache, config_check, evaluation, fingerprint, judge, run_dirs,
-                       runlog)
+from rlrag_jax import (compile_cache, config_base, config_check, evaluation, fingerprint, judge,
+                       run_dirs, runlog)
 from rlrag_jax.data import sources
 from rlrag_jax.models import LM, ModelConfig, hf_io, save_hf
 from rlrag_jax.rollout.policy import Policy
@@ -38,6 +38,21 @@ class RunResult:
   after: Optional[dict]
   model_config: ModelConfig
   params: Any
+
+
+def _check_stages(task, config) -> None:
+  """Refuses a stage the task does not train (`Task.stages`), or a stage with no examples."""
+  for stage in ("sft", "rl"):
+    sec = config[stage]
+    if not config_base.stage_runs(sec):
+      continue
+    keys = (f"config keys '{stage}.steps' / '{stage}.epochs' are {sec.steps} / {sec.epochs}")
+    if stage not in task.stages:
+      raise ValueError(f"{keys}, but {type(task).__name__} ({config.method}) trains by "
+                       f"{' and '.join(task.stages) or 'no stage'} only; set both to 0")
+    if not task.train:
+      raise ValueError(f"{keys}, but {type(task).__name__} ({config.method}) has no training "
+                       "examples (see the log above)")
 
 
 def run(config, *, resume: bool = False, progress: bool = True,
@@ -128,6 +143,7 @@ def _setup(config, stop_after) -> stages.Run:
     # The policy starts from a run that its own config trains once (as models.* do).
     train_once("model", config.model.path, spec)
   task = get_task(config.method, config)
+  _check_stages(task, config)
   tok = task.tokenizer
   model_cfg, params = build_model(config, tok)
   hf_io.write_config(model_cfg, workdir / "model")          # what export/evaluate rebuild from
@@ -145,7 +161,8 @@ def _setup(config, stop_after) -> stages.Run:
   pad = tok.pad_token_id if tok.pad_token_id is not None else 0
   policy = Policy(model_cfg, None, temperature=config.rl.temperature, top_k=config.rl.top_k,
                   top_p=config.rl.top_p, max_new_tokens=config.rl.max_new_tokens,
-                  eos_ids=tuple(model_cfg.eos_token_id), pad_id=pad)
+                  eos_ids=tuple(model_cfg.eos_token_id), pad_id=pad,
+                  rows_per_call=int(config.eval.batch_size))
   sft_iter, rl_iter = stage_iterators(task.train, config, sft_items=items)
   r = stages.Run(
       config=config, task=task, workdir=workdir, model_cfg=model_cfg, mesh=mesh, steps=steps,

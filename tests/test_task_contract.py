@@ -125,3 +125,26 @@ def test_get_task_refuses_a_task_outside_the_contract(monkeypatch):
     tasks.get_task("not_a_task", None)
   module.make_task = lambda config: Minimal()
   assert isinstance(tasks.get_task("not_a_task", None), Minimal)
+
+
+def test_the_trainer_refuses_a_stage_the_task_does_not_train():
+  from rlrag_jax import trainer
+  c = arena.get_config("")
+  c.sft.steps, c.rl.steps = 3, 2
+  trainer._check_stages(Minimal(), c)                       # both stages by default
+
+  class SFTOnly(Minimal):
+    stages = ("sft",)
+
+  with pytest.raises(ValueError, match=r"'rl.steps' / 'rl.epochs' are 2 / 0.0, but SFTOnly "
+                                       r"\(arena\) trains by sft only; set both to 0"):
+    trainer._check_stages(SFTOnly(), c)
+  c.rl.steps = 0
+  trainer._check_stages(SFTOnly(), c)
+  empty = SFTOnly()
+  empty.train = []
+  with pytest.raises(ValueError, match="'sft.steps' / 'sft.epochs' are 3 / .* has no training "
+                                       "examples"):
+    trainer._check_stages(empty, c)
+  c.sft.steps = 0
+  trainer._check_stages(empty, c)                           # evaluation only: nothing trains

@@ -223,17 +223,19 @@ class Probe:
     return _difference(self.state.params, new.params)
 
 
-def _rl_policy(lm, task, rl):
+def _rl_policy(lm, task, config):
   """The policy the trainer's RL stage samples with (config section `rl`'s temperature, top-k,
-  top-p) over the checkpoint's parameters."""
+  top-p; eval.batch_size rows a call) over the checkpoint's parameters."""
   from rlrag_jax.rollout.policy import checkpoint_policy
+  rl = config.rl
   return checkpoint_policy(lm, task.tokenizer, rl.max_new_tokens,
-                           temperature=float(rl.temperature), top_k=rl.top_k, top_p=rl.top_p)
+                           temperature=float(rl.temperature), top_k=rl.top_k, top_p=rl.top_p,
+                           rows_per_call=int(config.eval.batch_size))
 
 
-def _first_rl_step(config) -> int:
-  """The step number of the first RL step (rewards staged by step see their first stage)."""
-  return int(config.sft.steps) + 1
+# The RL step the engine passes to collect and rewards at the first RL step (rewards staged by
+# step see their first stage).
+FIRST_RL_STEP = 1
 
 
 def measure(task, lm, config, examples: Sequence, *, batches: int, rng,
@@ -256,10 +258,10 @@ def measure(task, lm, config, examples: Sequence, *, batches: int, rng,
   if len(examples) < n * batches:
     raise ValueError(f"grad_noise: {len(examples)} questions for {batches} batches of {n}")
   probe = Probe(config, lm, task.tokenizer.pad_token_id or 0)
-  policy = _rl_policy(lm, task, rl)
+  policy = _rl_policy(lm, task, config)
   batches_of = [list(examples[b * n:(b + 1) * n]) for b in range(len(examples) // n)]
   rl_iter = itertools.cycle(batches_of)   # dynamic sampling may draw several batches a step
-  step = _first_rl_step(config)
+  step = FIRST_RL_STEP
   rl_meter, sft_meter, rewards, counts = NoiseMeter(), NoiseMeter(), [], []
   by_meter, by_reward = {}, {}
   it = range(batches)
@@ -316,11 +318,11 @@ def line_search(task, lm, config, direction, alphas: Sequence[float], batches: S
   draws with the same keys. [{'alpha', 'reward', 'reward_se' (over batches)}]."""
   import dataclasses
   import jax
-  from rlrag_jax.training import collection
+  from rlrag_jax import tasks
   rl = config.rl
-  base = _rl_policy(lm, task, rl)
+  base = _rl_policy(lm, task, config)
   keys = jax.random.split(rng, len(batches))
-  step = _first_rl_step(config)
+  step = FIRST_RL_STEP
   out = []
   for alpha in alphas:
     params = jax.tree_util.tree_map(lambda p, d: p - alpha * d.astype(p.dtype), lm.params,
@@ -329,7 +331,7 @@ def line_search(task, lm, config, direction, alphas: Sequence[float], batches: S
     means = []
     for batch, key in zip(batches, keys):
       episodes = task.rollout(policy, list(batch), key, group_size=int(rl.group_size))
-      means.append(float(np.mean([s["total"] for s in collection.score(task, episodes, step)])))
+      means.append(float(np.mean([s["total"] for s in tasks.score(task, episodes, step)])))
     se = float(np.std(means, ddof=1) / np.sqrt(len(means))) if len(means) > 1 else 0.0
     out.append({"alpha": float(alpha), "reward": float(np.mean(means)), "reward_se": se})
   return out

@@ -133,7 +133,8 @@ def main(argv):
     return 2
   task, lm = loaded
   policy = checkpoint_policy(lm, task.tokenizer, config.rl.max_new_tokens,
-                             top_k=config.rl.top_k, top_p=config.rl.top_p)
+                             top_k=config.rl.top_k, top_p=config.rl.top_p,
+                             rows_per_call=int(config.eval.batch_size))
   split = task.eval if _SPLIT.value == "eval" else task.train
   examples = list(split)[: _NUM.value]
   temps = [float(t) for t in _TEMPS.value]

@@ -18,6 +18,10 @@ class Policy:
   stop: tuple = ()                      # token-id sequences that end a row (kept in the output)
   eos_ids: tuple = ()
   pad_id: int = 0
+  # The most prompts one sampler call takes when a task samples many at once (tree nodes,
+  # executor rounds, an auxiliary reader's requests): `sample_chunked`'s default chunk. The
+  # trainer and the evaluation commands set it from config key 'eval.batch_size'.
+  rows_per_call: int = 64
 
   def with_params(self, params) -> "Policy":
     return dataclasses.replace(self, params=params)
@@ -49,17 +53,19 @@ class Policy:
         eos_ids=tuple(self.eos_ids), pad_id=self.pad_id,
         max_new_tokens_per_row=max_new_tokens_per_row, **sampler_kwargs)
 
-  def sample_chunked(self, prompt_ids: Sequence[Sequence[int]], rng, *, chunk: int,
+  def sample_chunked(self, prompt_ids: Sequence[Sequence[int]], rng, *,
+                     chunk: Optional[int] = None,
                      greedy: bool = True, max_new_tokens: Optional[int] = None,
                      max_new_tokens_per_row=None) -> tuple:
     """One continuation per prompt, `chunk` rows at a time, each call padded to coarse shape
     buckets (batch size and prompt length, `rollout.batch.geometric_round`) so that calls of
     varying size and length reuse a bounded set of compiled programs. Prompts must fit
-    max_position_embeddings - max_new_tokens. Returns ([(completion ids, stopped_by)], rng
-    after one split per chunk)."""
+    max_position_embeddings - max_new_tokens. `chunk` defaults to `rows_per_call`. Returns
+    ([(completion ids, stopped_by)], rng after one split per chunk)."""
     import jax
     from rlrag_jax.rollout.batch import geometric_round
     from rlrag_jax.rollout.single_turn import completion_ids
+    chunk = max(1, int(chunk or self.rows_per_call))
     n_new = int(max_new_tokens or self.max_new_tokens)
     room = int(self.config.max_position_embeddings) - n_new
     out = []

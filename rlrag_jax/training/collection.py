@@ -43,7 +43,7 @@ def _check(task, groups) -> list:
 
 
 def collect(task, policy, rl_iter, key, config, step) -> tuple:
-  """(episodes, reward dicts, counters) for one RL step."""
+  """(episodes, reward dicts, counters) for RL step `step` (1: the first RL step)."""
   rl = config.rl
   g, want = int(rl.group_size), int(rl.prompts_per_step)
   tries = 0

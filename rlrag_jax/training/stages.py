@@ -270,7 +270,7 @@ class RLStage:
       endpoints = judge.Span(list(run.task.monitors()))   # judge/..., reader/... of this step
       episodes, scores, fill = collection.collect(
           run.task, run.policy.with_params(run.state.params), run.iterators["rl"], key, config,
-          run.step)
+          run.step - run.sft_total)
       rollout_s = time.time() - t0
       run.state, run.critic, m = run.learner.update(run.state, run.critic, episodes, scores,
                                                     run.ref_params, jax.random.fold_in(key, 0))

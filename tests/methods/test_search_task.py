@@ -237,7 +237,7 @@ def _episode(task, text, ex=None):
   return Episode(example=ex, prompt_ids=[], completion_ids=[], loss_mask=[], text=text)
 
 
-def test_reward_stage_switch_on_the_global_step(task):
+def test_reward_stage_switch_on_the_rl_step(task):
   ex = task.train[0]
   ans = ex.answers[0]
   text = ("<think>t</think>\n<search>alpha beta</search>\n\n<information>d</information>\n\n"
@@ -245,10 +245,10 @@ def test_reward_stage_switch_on_the_global_step(task):
           f"\n\n<reflect>r</reflect>\n<answer>{ans}</answer>")
   enc = task.encoder
   cos = float(enc.vector("alpha beta") @ enc.vector("gamma delta"))
-  sft = task.config.sft.steps                                   # 10; stage 2 from RL step 3
-  assert [task.stage(s) for s in (sft + 1, sft + 2, sft + 3, sft + 50)] == [1, 1, 2, 2]
-  r1 = task.reward(_episode(task, text, ex), sft + 2)
-  r2 = task.reward(_episode(task, text, ex), sft + 3)
+  # stage 2 from RL step 3 (the engine passes the RL step, whatever sft.steps is: 10 here)
+  assert [task.stage(s) for s in (0, 1, 2, 3, 50)] == [1, 1, 1, 2, 2]
+  r1 = task.reward(_episode(task, text, ex), 2)
+  r2 = task.reward(_episode(task, text, ex), 3)
   assert r1 == pytest.approx({"format": 1.0, "search": -cos, "answer": 1.0,
                               "total": 2.0 - cos, "retrieval_count": 2, "stage": 1.0,
                               "correct": 1.0}, abs=1e-5)
@@ -256,12 +256,12 @@ def test_reward_stage_switch_on_the_global_step(task):
                               "total": 1.4 - cos, "retrieval_count": 2, "stage": 2.0,
                               "correct": 1.0}, abs=1e-5)
   wrong = text.replace(f"<answer>{ans}</answer>", "<answer>nobody at all</answer>")
-  assert task.reward(_episode(task, wrong, ex), sft + 2)["answer"] == pytest.approx(-1 + 0.6)
-  assert task.reward(_episode(task, wrong, ex), sft + 3)["answer"] == -1.0
+  assert task.reward(_episode(task, wrong, ex), 2)["answer"] == pytest.approx(-1 + 0.6)
+  assert task.reward(_episode(task, wrong, ex), 3)["answer"] == -1.0
   # The rollout ran one retrieval (the second query was refused past max_turns): RC = 1.
   one = _episode(task, text, ex)
   one.info["retrievals"] = 1
-  r = task.reward(one, sft + 3)
+  r = task.reward(one, 3)
   assert r["retrieval_count"] == 1 and r["answer"] == pytest.approx(1.0 - 0.3)
   assert r["search"] == 0.0                            # one concise query
 

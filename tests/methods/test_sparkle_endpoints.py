@@ -11,16 +11,19 @@ from rlrag_jax.methods.sparkle import extract_triples, parsing, readers
 
 
 def test_endpoint_reader_asks_one_step_and_closes_the_tag_it_stopped_on():
-  replies = iter(["<think>I need X", "<answer>Paris"])
-  with serve(lambda body: next(replies)) as chat:
+  def reply(body):     # requests go out concurrently: answer by content, not arrival order
+    seen = "<think>I need X</think>" in body["messages"][0]["content"]
+    return "<answer>Paris" if seen else "<think>I need X"
+
+  with serve(reply) as chat:
     r = readers.EndpointReader(chat.url, "m", style="paper", timeout=5)
     out = r([("Q?", [("Doc", "text")], []), ("Q?", [], ["I need X"])])
     assert out == ["<think>I need X</think>", "<answer>Paris</answer>"]
     assert [parsing.parse_thought(o).kind for o in out] == ["think", "answer"]
-    body = chat.bodies[0]
-    assert body["stop"] == ["</think>", "</answer>"] and body["temperature"] == 0.0
-    assert "Context: [1] Doc: text" in body["messages"][0]["content"]
-    assert "<think>I need X</think>" in chat.bodies[1]["messages"][0]["content"]
+    first, second = sorted(chat.bodies, key=lambda b: "I need X" in b["messages"][0]["content"])
+    assert first["stop"] == ["</think>", "</answer>"] and first["temperature"] == 0.0
+    assert "Context: [1] Doc: text" in first["messages"][0]["content"]
+    assert "<think>I need X</think>" in second["messages"][0]["content"]
     # A 500 (retried, then given up): an empty, malformed step; the next request still works.
     chat.respond = lambda body: None
     out = r([("Q?", [], [])])
@@ -94,8 +97,8 @@ def test_trajectories_from_an_endpoint_proxy_keep_the_correct_ones(tmp_path):
   cfg = agent_lib.AgentConfig(max_steps=12, top_triples=60)
   gold = {ex.question: ex for ex in examples}
   task = types.SimpleNamespace(
-      agent_cfg=cfg, _read=s.read, env=types.SimpleNamespace(search=s.search, embed=enc.encode,
-                                                             pairs=s.docs),
+      agent_cfg=cfg, _read=lambda requests, rows_per_call: s.read(requests),
+      env=types.SimpleNamespace(search=s.search, embed=enc.encode, pairs=s.docs),
       store=TripleStore.from_records(w.corpus, enc), target_ids=lambda t: [1],
       score_state=lambda ex, st: rewards.system_reward(
           context_ids=st.context, context_texts=[], gold_ids=ex.gold_ids,

@@ -107,12 +107,12 @@ def _sft_steps(planner: str, pc) -> int:
   return int(rows[-1]["sft/steps"])
 
 
-def _policy(lm, max_new_tokens: int):
+def _policy(lm, max_new_tokens: int, rows_per_call: int):
   from rlrag_jax.rollout.policy import Policy
   tok = lm.tokenizer
   eos = tuple(lm.config.eos_token_id or ()) or (tok.eos_token_id,)
   return Policy(lm.config, lm.params, max_new_tokens=max_new_tokens, eos_ids=eos,
-                pad_id=tok.pad_token_id or 0)
+                pad_id=tok.pad_token_id or 0, rows_per_call=int(rows_per_call))
 
 
 def executor_task(executor: str, out: pathlib.Path, config_file: str = "", data: str = "",
@@ -167,7 +167,7 @@ def make_plans(planner: str, step: Optional[int], questions, max_new_tokens: int
   tok = lm.tokenizer
   use_chat = bool(pc.model.chat_template and getattr(tok, "chat_template", None))
   max_steps = int(pc.apex.max_steps)
-  policy = _policy(lm, max_new_tokens or int(pc.eval.max_new_tokens))
+  policy = _policy(lm, max_new_tokens or int(pc.eval.max_new_tokens), pc.eval.batch_size)
   out = {"plans": [], "fallback": [], "text": []}
   batch = int(pc.eval.batch_size)
   for i in range(0, len(questions), batch):
@@ -259,7 +259,7 @@ def run_pipeline(planner: str, executor: str, out, *, executor_base: str = "",
   for sft, path in executors.items():
     ecfg = task.config
     lm = load_trained(path)
-    policy = _policy(lm, int(ecfg.eval.max_new_tokens))
+    policy = _policy(lm, int(ecfg.eval.max_new_tokens), ecfg.eval.batch_size)
     if sft == "off":
       base_task = executor_task(path, out, like=task)
     else:

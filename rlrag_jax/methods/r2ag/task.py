@@ -22,7 +22,7 @@ from typing import Sequence
 
 import numpy as np
 
-from rlrag_jax import config_base, metrics
+from rlrag_jax import metrics
 from rlrag_jax.data import sources
 from rlrag_jax.methods.r2ag import forest as forest_lib
 from rlrag_jax.methods.r2ag import inference, parsing, prompts, rewards, settings
@@ -36,13 +36,12 @@ SPECIAL_TOKENS = ("<think>", "</think>", "<base-Q>", "</base-Q>", "<predicted-Q>
 log = logging.getLogger("rlrag_jax.r2ag")
 
 
-def _generate(policy, tokenizer, prompt_ids: list, rng, *, greedy: bool, max_new: int,
-              chunk: int) -> tuple:
+def _generate(policy, tokenizer, prompt_ids: list, rng, *, greedy: bool, max_new: int) -> tuple:
   """(texts, truncated flags) of one sample per prompt (prompts keep their last tokens when
   longer than the model's positions allow)."""
   room = int(policy.config.max_position_embeddings) - max_new
-  rows, _ = policy.sample_chunked([p[-room:] for p in prompt_ids], rng, chunk=chunk,
-                                  greedy=greedy, max_new_tokens=max_new)
+  rows, _ = policy.sample_chunked([p[-room:] for p in prompt_ids], rng, greedy=greedy,
+                                  max_new_tokens=max_new)
   return ([decode_keeping_tags(tokenizer, comp) for comp, _ in rows],
           [stopped == "length" for _, stopped in rows])
 
@@ -258,15 +257,13 @@ class SteeringTask(Task):
     temp = float(e.temperature)
     pol = dataclasses.replace(policy, temperature=temp, top_p=float(e.top_p)) \
         if temp > 0 else policy
-    chunk = max(1, int(self.config.eval.batch_size))
     max_new = int(policy.max_new_tokens)
     state = {"rng": rng}
 
     def steer(reqs):
       state["rng"], sub = jax.random.split(state["rng"])
       ids = [self.prompt_at(q, ctx) for q, ctx in reqs]
-      return _generate(pol, self.tokenizer, ids, sub, greedy=temp <= 0, max_new=max_new,
-                       chunk=chunk)[0]
+      return _generate(pol, self.tokenizer, ids, sub, greedy=temp <= 0, max_new=max_new)[0]
 
     questions = [ex.question for ex in examples]
     runs = {}
@@ -280,7 +277,8 @@ class SteeringTask(Task):
       docs = self.corpus.search(questions, sr_k)
       each = (time.perf_counter() - t0) / max(1, len(questions))
       runs["sr_"] = [inference.TreeResult(docs=list(d), search_s=each) for d in docs]
-    answers = {p: self.answer(examples, [r.docs for r in res], jax.random.fold_in(rng, i))
+    answers = {p: self.answer(examples, [r.docs for r in res], jax.random.fold_in(rng, i),
+                              policy.rows_per_call)
                for i, (p, res) in enumerate(runs.items())}
     episodes = []
     for k, ex in enumerate(examples):
@@ -293,9 +291,10 @@ class SteeringTask(Task):
                               text=answers[""][0][k], info=info))
     return episodes
 
-  def answer(self, examples, doc_lists, rng) -> tuple:
+  def answer(self, examples, doc_lists, rng, rows_per_call: int) -> tuple:
     """(answers, seconds per question) of the frozen generator from each question's documents
-    (the first `r2ag.eval.generator_max_docs`); ('' answers without a bound generator)."""
+    (the first `r2ag.eval.generator_max_docs`), `rows_per_call` prompts a sampler call ('' answers
+    without a bound generator)."""
     if self.generator is None:
       return [""] * len(examples), 0.0
     from rlrag_jax.rollout.policy import Policy
@@ -310,10 +309,9 @@ class SteeringTask(Task):
            for ex, d in zip(examples, doc_lists)]
     eos = tuple(lm.config.eos_token_id or ()) or (tok.eos_token_id,)
     pol = Policy(lm.config, lm.params, max_new_tokens=int(e.answer_tokens),
-                 eos_ids=eos, pad_id=tok.pad_token_id or 0)
+                 eos_ids=eos, pad_id=tok.pad_token_id or 0, rows_per_call=rows_per_call)
     t0 = time.perf_counter()
-    texts, _ = _generate(pol, tok, ids, rng, greedy=True, max_new=pol.max_new_tokens,
-                         chunk=max(1, int(self.config.eval.batch_size)))
+    texts, _ = _generate(pol, tok, ids, rng, greedy=True, max_new=pol.max_new_tokens)
     return [t.strip() for t in texts], (time.perf_counter() - t0) / max(1, len(examples))
 
   def eval_metrics_batch(self, episodes) -> list:
@@ -391,6 +389,7 @@ def later_step_counts(outputs, gold) -> dict:
 class GeneratorTask(Task):
   """The frozen generator of the CPU default: SFT on gold documents among distractors."""
   name = "r2ag"
+  stages = ("sft",)
 
   def __init__(self, config, encoder=None):
     self.config = config
@@ -400,10 +399,6 @@ class GeneratorTask(Task):
     self.distractors = int(r.generator_distractors)
     sel = sources.select(config.data, seed=config.seed)
     self.train, self.eval = _with_gold(sel.train), _with_gold(sel.eval)
-    if config_base.stage_runs(config.rl):
-      raise ValueError(f"config keys 'rl.steps' / 'rl.epochs' are {config.rl.steps} / "
-                       f"{config.rl.epochs}: the r2ag generator is trained by SFT only; set "
-                       "both to 0")
     self.corpus = CorpusSearch(config, sel, encoder)
     exs = list(self.train) + list(self.eval)
     near = self.corpus.search([ex.question for ex in exs], self.distractors + 4) \

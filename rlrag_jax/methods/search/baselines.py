@@ -188,4 +188,5 @@ def eval_policy(lm, task, config):
   """The pipelines sample at the RL temperature where they sample at all."""
   from rlrag_jax.rollout.policy import checkpoint_policy
   return checkpoint_policy(lm, task.tokenizer, config.eval.max_new_tokens,
-                           temperature=config.rl.temperature)
+                           temperature=config.rl.temperature,
+                           rows_per_call=int(config.eval.batch_size))

@@ -9,8 +9,8 @@ and `tool.max_total_len` prompt + completion tokens per episode. Every turn's qu
 retrieved ids are in `Episode.info`.
 
 Rewards. `reward(episode, step)` is `methods.search.reward` (format + search + answer) with the
-stage chosen from the trainer's global step: RL step = step - sft.steps, stage 2 from RL step
-`reward.stage2_step` on (<= 0: stage 1 throughout). Query embeddings for r_s come from the same
+stage chosen from the RL step the engine passes (1: the first): stage 2 from RL step
+`reward.stage2_step` on (<= 0: stage 1 throughout), whatever the SFT warm-up's length. Query embeddings for r_s come from the same
 encoder (cached, so the rollout's own embeddings are reused). Correctness: `reward.match`
 ('em' | 'f1' with `reward.f1_threshold`), or the shared LLM judge when `reward.judge_url` is set.
 
@@ -96,11 +96,6 @@ class SearchTask(Task):
     self.config = config
     sel = sources.select(config.data, seed=config.seed)
     self.train, self.eval = _split(sel, config.data)
-    if float(config.sft.epochs) > 0:      # the reward stages count RL steps from sft.steps
-      raise ValueError(f"config key 'sft.epochs' is {config.sft.epochs}: the search task "
-                       "schedules its reward stages from the global step, so its SFT length "
-                       "must be fixed; set sft.epochs=0 and sft.steps")
-    self.sft_steps = int(config.sft.steps)
     self.reward_cfg = settings.reward(config)
     self.stage2_step = int(self.reward_cfg.stage2_step)
     self.corpus = from_config.corpus_for(config, sel)
@@ -304,9 +299,8 @@ class SearchTask(Task):
 
   # ---------------------------------------------------------------- rewards and metrics
   def stage(self, step: int) -> int:
-    """Reward stage at the trainer's global `step` (see the module docstring)."""
-    rl_step = int(step) - self.sft_steps
-    return 2 if 0 < self.stage2_step <= rl_step else 1
+    """Reward stage at RL step `step` (1: the first; see the module docstring)."""
+    return 2 if 0 < self.stage2_step <= int(step) else 1
 
   def _score(self, episode, stage: int, verdicts: Optional[list] = None,
              judge_fn=None) -> rewards.Score:

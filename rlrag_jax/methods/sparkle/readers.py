@@ -29,7 +29,7 @@ STOPS = ("</think>", "</answer>")
 
 class LMReader:
 
-  def __init__(self, lm, *, style: str, max_new_tokens: int = 48, chunk: int = 64,
+  def __init__(self, lm, *, style: str, max_new_tokens: int = 48,
                passage_words: int = 0, reasoning: bool = False, search: bool = False,
                chat_template: bool = True, thinking: bool = False):
     from rlrag_jax.rollout.policy import Policy
@@ -40,7 +40,6 @@ class LMReader:
     # ProxyTask.encode gives the proxy its own; a tokenizer without one (the CPU default's
     # world reader) reads plain text, as before.
     self.use_chat = bool(chat_template and getattr(self.tokenizer, "chat_template", None))
-    self.chunk = max(1, int(chunk))
     tok = self.tokenizer
     eos = tuple(lm.config.eos_token_id or ()) or (tok.eos_token_id,)
     from rlrag_jax.sampling import normalize_stops
@@ -68,14 +67,16 @@ class LMReader:
     return head + (self.tokenizer(history, add_special_tokens=False)["input_ids"]
                    if history else [])
 
-  def __call__(self, requests: Sequence[tuple]) -> list:
+  def __call__(self, requests: Sequence[tuple], *, rows_per_call: int = 64) -> list:
+    """The reader's next thought for each (question, docs, thoughts) request, greedy,
+    `rows_per_call` prompts a sampler call (the proxy policy's)."""
     import jax
     if not requests:
       return []
     t0 = time.perf_counter()
     room = int(self.lm.config.max_position_embeddings) - int(self.policy.max_new_tokens)
     ids = [self.prompt_ids(q, d, t)[-room:] for q, d, t in requests]
-    rows, _ = self.policy.sample_chunked(ids, jax.random.PRNGKey(0), chunk=self.chunk,
+    rows, _ = self.policy.sample_chunked(ids, jax.random.PRNGKey(0), chunk=rows_per_call,
                                          greedy=True)
     from rlrag_jax.rollout.single_turn import decode_keeping_tags
     out = [decode_keeping_tags(self.tokenizer, comp) for comp, _ in rows]
@@ -123,7 +124,8 @@ class EndpointReader:
       body["stop"] = list(STOPS)
     return body
 
-  def __call__(self, requests: Sequence[tuple]) -> list:
+  def __call__(self, requests: Sequence[tuple], *, rows_per_call: int = 0) -> list:
+    """As LMReader's; `rows_per_call` is unused (requests go out `concurrency` at a time)."""
     from rlrag_jax.judge import map_bounded
     t0 = time.perf_counter()
     out = map_bounded(self._one, requests, self.concurrency, self.monitor)

@@ -24,7 +24,7 @@ import time
 
 import numpy as np
 
-from rlrag_jax import config_base, metrics
+from rlrag_jax import metrics
 from rlrag_jax.data import sources
 from rlrag_jax.methods.sparkle import agent as agent_lib
 from rlrag_jax.methods.sparkle import parsing, prompts, readers, rewards, settings
@@ -231,7 +231,7 @@ class ProxyTask(Task):
     if "reader" in models and not self.settings.reader.url:
       self.reader = readers.LMReader(
           models["reader"], style=self.style, max_new_tokens=self.max_new["reader"],
-          chunk=int(self.config.eval.batch_size), passage_words=self.agent_cfg.passage_words,
+          passage_words=self.agent_cfg.passage_words,
           reasoning=self.agent_cfg.reasoning_reader, search=self.agent_cfg.rd_mode == "reader",
           chat_template=bool(self.config.model.chat_template),
           thinking=bool(self.config.model.thinking))
@@ -258,12 +258,12 @@ class ProxyTask(Task):
     room = self.positions - self.max_new[role]
     return self.encode(text)[-room:]
 
-  def _read(self, requests):
+  def _read(self, requests, rows_per_call: int):
     if self.reader is None:
       raise ValueError("sparkle: no reader is bound: set config key 'models.reader.path' (a run "
                        "dir or HF checkpoint) or 'sparkle.reader.url' (an OpenAI-compatible "
                        "endpoint)")
-    return self.reader(requests)
+    return self.reader(requests, rows_per_call=rows_per_call)
 
   def monitors(self) -> list:
     """The endpoint reader's failure monitor (step metrics reader/...); none for an LM reader."""
@@ -274,18 +274,19 @@ class ProxyTask(Task):
     import jax
     self.positions = int(policy.config.max_position_embeddings)
     box = {"rng": rng if rng is not None else jax.random.PRNGKey(0)}
-    chunk = max(1, int(self.config.eval.batch_size))
 
     def propose(role, texts, greedy):
       box["rng"], sub = jax.random.split(box["rng"])
       n_new = self.max_new[role]
       ids = [self.role_prompt_ids(role, t) for t in texts]
-      rows, _ = policy.sample_chunked(ids, sub, chunk=chunk, greedy=greedy,
-                                      max_new_tokens=n_new)
+      rows, _ = policy.sample_chunked(ids, sub, greedy=greedy, max_new_tokens=n_new)
       return [(decode_keeping_tags(self.tokenizer, comp), tuple(comp), stop == "length")
               for comp, stop in rows]
 
-    return agent_lib.Agent(self.agent_cfg, propose=propose, read=self._read,
+    def read(requests):    # an in-process reader samples the policy's rows_per_call at a time
+      return self._read(requests, policy.rows_per_call)
+
+    return agent_lib.Agent(self.agent_cfg, propose=propose, read=read,
                            search=self.env.search, embed=self.env.embed, store=self.store,
                            docs=self.env.pairs, encode_forced=self.target_ids)
 
@@ -557,15 +558,12 @@ class ProxyTask(Task):
 class ReaderTask(Task):
   """The frozen reader of the CPU default: SFT on the oracle reader's next thought."""
   name = "sparkle"
+  stages = ("sft",)
 
   def __init__(self, config, encoder=None):
     self.config = config
     self.settings = s = settings.parse(config)
     self.style = config.data.prompt_style
-    if config_base.stage_runs(config.rl):
-      raise ValueError(f"config keys 'rl.steps' / 'rl.epochs' are {config.rl.steps} / "
-                       f"{config.rl.epochs}: the sparkle reader is trained by SFT only; set "
-                       "both to 0")
     sel = sources.select(config.data, seed=config.seed)
     self.env = CorpusSearch(config, sel, encoder)
     self.train = [ex for ex in sel.train if _plan(self.env, ex) is not None]
@@ -680,8 +678,7 @@ class ReaderTask(Task):
         break
       ids = [self.prompt_ids_at(examples[k].question, ctx[k], thoughts[k])[-room:]
              for k in open_]
-      rows, rng = pol.sample_chunked(ids, rng, chunk=max(1, int(self.config.eval.batch_size)),
-                                     greedy=True, max_new_tokens=self.max_new)
+      rows, rng = pol.sample_chunked(ids, rng, greedy=True, max_new_tokens=self.max_new)
       for k, (comp, _) in zip(open_, rows):
         t = parsing.parse_thought(decode_keeping_tags(self.tokenizer, comp))
         want = plans[k].thought(ctx[k], thoughts[k])

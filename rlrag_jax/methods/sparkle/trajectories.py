@@ -50,10 +50,11 @@ def _done(path) -> set:
 
 
 def collect(task, examples: Sequence, propose: Callable, out_path, *, min_f1: float = 1.0,
-            batch: int = 8, limit: int = 0, progress: bool = True) -> dict:
+            batch: int = 8, limit: int = 0, progress: bool = True,
+            reader_rows: int = 64) -> dict:
   """Runs the linear loop for every example not yet in `out_path` with `propose` as the proxy
-  and the task's reader, retriever and triples; appends one line per question. Counts
-  {'asked', 'correct', 'already'}."""
+  and the task's reader (an in-process one `reader_rows` prompts a call), retriever and
+  triples; appends one line per question. Counts {'asked', 'correct', 'already'}."""
   from tqdm.auto import tqdm
   from rlrag_jax.methods.sparkle import agent as agent_lib
   out_path = pathlib.Path(out_path)
@@ -62,7 +63,9 @@ def collect(task, examples: Sequence, propose: Callable, out_path, *, min_f1: fl
   if limit:
     todo = todo[:limit]
   counts = {"asked": 0, "correct": 0, "already": len(done)}
-  ag = agent_lib.Agent(task.agent_cfg, propose=propose, read=task._read, search=task.env.search,
+  ag = agent_lib.Agent(task.agent_cfg, propose=propose,
+                       read=lambda requests: task._read(requests, reader_rows),
+                       search=task.env.search,
                        embed=task.env.embed, store=task.store, docs=task.env.pairs,
                        encode_forced=task.target_ids)
   out_path.parent.mkdir(parents=True, exist_ok=True)
@@ -112,7 +115,8 @@ def main(argv: Optional[list] = None) -> int:
     run_dirs.bind(task, run_dirs.load_models(config.models, make_mesh()))
   propose = endpoint_proposer(fl.url, fl.model, task.max_new,
                               temperature=float(config.rl.temperature))
-  counts = collect(task, task.train, propose, fl.out, min_f1=fl.min_f1, limit=fl.limit)
+  counts = collect(task, task.train, propose, fl.out, min_f1=fl.min_f1, limit=fl.limit,
+                   reader_rows=int(config.eval.batch_size))
   print(json.dumps(counts))
   return 0
 
