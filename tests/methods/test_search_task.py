@@ -388,3 +388,12 @@ def test_pipelines_on_a_tiny_random_model(task):
   for ep in naive:
     assert ep.text.startswith(prompts.SEARCH_THINK) and ep.info["tool_calls"] == 0
     assert search.parse(ep.text).information[:1] and ep.loss_mask[0] == 0
+
+
+def test_the_report_counts_rl_steps_from_the_run_log():
+  from rlrag_jax.methods.search import baselines
+  rows = ([{"step": s, "stage": "sft"} for s in range(1, 8)] + [{"step": 7, "stage": "eval_before"}]
+          + [{"step": s, "stage": "rl"} for s in range(8, 11)])
+  assert baselines.sft_length(rows) == 7                  # RL step 1 is global step 8
+  assert baselines.sft_length(rows[:7]) == 7              # no RL row yet: the last SFT row
+  assert baselines.sft_length([{"step": 1, "stage": "rl"}]) == 0   # no warm-up

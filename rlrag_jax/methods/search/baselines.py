@@ -96,9 +96,21 @@ def format_pipelines(results: dict, title: str = "Agent vs reference pipelines")
 
 
 # ------------------------------------------------------------------------------ training report
-def eval_curve(rlog, sft_steps: int) -> list:
-  """Held-out evaluations logged during training: [{'rl_step', 'stage', metrics...}]."""
-  rows = [r for r in rlog.rows() if r["stage"] in EVAL_STAGES]
+def sft_length(rows) -> int:
+  """The global step RL started after, read from a run log's rows: the first RL row's step
+  minus 1 (the last SFT row's step when the run has no RL row yet, else 0)."""
+  rl = [r["step"] for r in rows if r["stage"] == "rl"]
+  if rl:
+    return min(rl) - 1
+  return max([r["step"] for r in rows if r["stage"] == "sft"], default=0)
+
+
+def eval_curve(rlog) -> list:
+  """Held-out evaluations logged during training: [{'rl_step', 'stage', metrics...}], the RL
+  step counted as the rewards see it (1: the first RL step)."""
+  every = rlog.rows()
+  sft_steps = sft_length(every)
+  rows = [r for r in every if r["stage"] in EVAL_STAGES]
   out = []
   for r in rows:
     if r["stage"] == "eval_after" and out and out[-1]["step"] == r["step"]:
@@ -152,7 +164,7 @@ def write_report(task, workdir, rlog) -> dict:
   """search_report.{txt,json} and accuracy_vs_rc.png in `workdir` (see the module docstring)."""
   workdir = pathlib.Path(workdir)
   config = task.config
-  curve = eval_curve(rlog, task.sft_steps)
+  curve = eval_curve(rlog)
   report = {"curve": curve, "stages": stage_comparison(curve, task.stage2_step)}
   text = []
   if curve:
