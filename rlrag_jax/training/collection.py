@@ -14,9 +14,9 @@ that override it). What happens to them next is the engine's alone, the same for
   otherwise
       one draw, trained on as drawn.
 A step's nominal batch is `rl.prompts_per_step` x `rl.group_size` episodes. A collection with
-another count (a tree's decisions vary from step to step) is padded with silenced copies of
-its first episodes up to `batch_size`'s bucket, so that the update compiles a bounded set of
-shapes.
+another count (a tree's decisions vary from step to step), or one the update cannot split into
+its mini- and micro-batches, is padded with silenced copies of its first episodes up to
+`batch_size`'s bucket, so that the update compiles a bounded set of shapes.
 """
 from __future__ import annotations
 
@@ -67,7 +67,8 @@ def collect(task, policy, rl_iter, key, config, step) -> tuple:
   if not episodes:
     raise ValueError(f"{type(task).__name__}.collect returned no episodes")
   n = len(episodes)
-  size = n if n == want * g else batch_size(n, rl)
+  nominal = n == want * g and n % batching.episode_unit(rl) == 0
+  size = n if nominal else batch_size(n, rl)
   episodes += [episodes[k % n].silenced() for k in range(size - n)]
   scores += [dict(scores[k % n]) for k in range(size - n)]
   counters["padded_episodes"] = float(size - n)

@@ -90,8 +90,12 @@ def test_a_task_collect_hook_replaces_the_rollout_and_its_count_is_padded_to_a_b
   assert [e.padding for e in eps] == [False] * 3 + [True] * 5
   assert [e.example for e in eps[3:]] == ["t7", "t7", "t9", "t7", "t7"]
   assert [s["total"] for s in scores] == [1.0, 0.0, 5.0, 1.0, 0.0, 5.0, 1.0, 0.0]
-  # micro-batches: the bucket is a multiple of the episode unit
+  # micro-batches: the bucket is a multiple of the episode unit, and a nominal count that the
+  # micro-batches do not divide (4 episodes, 16 micro-batches) is padded to it too
   assert collection.batch_size(3, _config(micro_batches=16).rl) == 16
+  eps, _, fill = collection.collect(Task(), None, itertools.repeat(["x"]), jax.random.PRNGKey(0),
+                                    _config(micro_batches=16, group_size=1, prompts_per_step=3), 1)
+  assert len(eps) == 16 and fill["padded_episodes"] == 13.0
   assert collection.batch_size(40, _config().rl) == 48
 
 
