@@ -68,17 +68,21 @@ def _shared_fixtures(item) -> tuple:
 
 
 def pytest_itemcollected(item):
-  """Under `pytest -n 2 --dist loadgroup` (the README's test command), the `slow` tests of a
-  module that share a module-scoped fixture (a trained reader, an executor run) form one group:
-  they run on one worker, one after another, so the fixture is built once rather than once per
-  worker. A slow test without one is its own unit, so that one module's long end-to-end tests
-  spread over both workers instead of queueing on one. xdist (3.8) turns the marker into a
+  """Under `pytest -n 2 --dist loadgroup` (the README's test command), the tests of a module that
+  share a module- or class-scoped fixture (a trained reader, an executor run, a tiny model
+  trained for the KV-reuse tests) form one group: they run on one worker, one after another, so
+  the fixture is built once rather than once per worker (tests/rollout/test_kv_reuse.py's
+  ~50-second model was trained on both workers while only the `slow` tests were grouped). A
+  test without one is its own unit, so that one module's long end-to-end tests spread over
+  both workers instead of queueing on one. xdist (3.8) turns the marker into a
   group by rewriting `item._nodeid`, which pytest 9.2 no longer reads (its nodeid comes from
   `item._id`): there every group was split and each module fixture built once per worker, so
   setup.cfg pins pytest below 9.2. Without xdist the marker does nothing."""
   shared = _shared_fixtures(item)
-  if item.get_closest_marker("slow") and shared and not item.get_closest_marker("xdist_group"):
-    item.add_marker(pytest.mark.xdist_group(item.module.__name__ + ":" + "+".join(shared)))
+  if shared and not item.get_closest_marker("xdist_group"):
+    # one group a module, whichever of its shared fixtures a test uses: a fixture used by
+    # tests that also use another one would otherwise be built in two groups
+    item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0] + ":shared"))
 
 
 @pytest.hookimpl(tryfirst=True)
