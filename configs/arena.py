@@ -41,7 +41,7 @@ Presets (`get_config(arg)`):
   'sft_direct'    SFT-direct baseline: question + all paragraphs in, the gold short answer out.
   'sft_reasoning' SFT-reasoning baseline: gold ids + a teacher trace (Table 7 prompt) + gold
                   answer; build the traces with `python -m rlrag_jax.methods.arena.teacher_traces`
-                  and set sft.teacher_traces.
+                  and set arena.sft.teacher_traces.
 Every `paper*` / `sft_*` preset needs --config.model.path (an HF checkpoint) and the datasets
 under --config.data.dir. The LLM-judge *metric* (not reward) of any preset is
 `python -m rlrag_jax.evaluate ... --config.eval.judge_url=...`, with the paper's Table 6 prompt.
@@ -119,8 +119,10 @@ def base_config() -> ml_collections.ConfigDict:
       # The run stops once more than this share of the last judge_failure_window judge calls
       # failed (a failed call scores as a wrong answer); 1.0: never stop.
       judge_max_failure_rate=0.5, judge_failure_window=200))
-  c.sft.target = "structured"           # 'structured' (ours) | 'direct' | 'teacher' (baselines)
-  c.sft.teacher_traces = ""             # JSONL from methods.arena.teacher_traces
+  # ARENA's own keys; the trainer's shared `sft` section holds none of them.
+  c.arena = ml_collections.ConfigDict(dict(sft=ml_collections.ConfigDict(dict(
+      target="structured",              # 'structured' (ours) | 'direct' | 'teacher' (baselines)
+      teacher_traces=""))))             # JSONL from methods.arena.teacher_traces
   return c
 
 
@@ -174,7 +176,7 @@ def get_config(arg: str = ""):
     c.sft.warmup_ratio = 0.03
     c.sft.lr_schedule = "cosine"
     c.sft.max_len = 4096
-    c.sft.target = "direct" if arg == "sft_direct" else "teacher"
+    c.arena.sft.target = "direct" if arg == "sft_direct" else "teacher"
   else:
     raise ValueError(f"configs/arena.py: unknown preset {arg!r}; expected '', 'gpu', "
                      f"{', '.join(repr(p) for p in PAPER_PRESETS)}, 'sft_direct' or "

@@ -115,10 +115,12 @@ Method-specific sections (the trainer reads the others):
              in loaders.CORPORA or a JSONL path), encoder_path ('' = packaged MiniLM),
              cache_dir ('' = <workdir>/retriever), scann_brute_force_below (a corpus with fewer
              passages gets ScaNN's exact float brute force, not the partitioned index).
-  sft.known_min_seen  SFT targets recall (do not search) the gold steps whose fact occurs in at
-             least this many other training questions; all steps recalled = structure A
-             (0: every step searched).
-  eval.baselines, eval.naive_k  reference pipelines in the final report; naive RAG's top-k.
+  search     the agent's own SFT and evaluation keys (methods/search/settings.py):
+             sft.known_min_seen (SFT targets recall, do not search, the gold steps whose fact
+             occurs in at least this many other training questions; all steps recalled =
+             structure A; 0: every step searched), sft.observation_loss (SFT also trains on the
+             retrieved passages in its targets), eval.baselines (the no-retrieval and naive-RAG
+             pipelines in the final report), eval.naive_k (naive RAG's top-k).
 `rl.max_new_tokens` and `eval.max_new_tokens` are per-turn limits here.
 """
 import ml_collections
@@ -135,8 +137,14 @@ def base_config() -> ml_collections.ConfigDict:
   c.data.max_contexts = 0               # contexts are not shown: the agent retrieves
 
   c.sft.pack_bucket = 128
-  c.sft.known_min_seen = 8
-  c.sft.observation_loss = False        # also train on the retrieved passages in SFT targets
+  # The agent's own keys; the trainer's shared sections (sft, eval) hold none of them.
+  c.search = ml_collections.ConfigDict(dict(
+      sft=ml_collections.ConfigDict(dict(
+          known_min_seen=8,
+          observation_loss=False)),     # also train on the retrieved passages in SFT targets
+      eval=ml_collections.ConfigDict(dict(
+          baselines=True,               # no-retrieval and naive-RAG pipelines in the report
+          naive_k=5))))
 
   # DAPO: clip-higher, token-level loss, dynamic sampling, a tiny KL (the paper's table: 1e-4).
   c.rl.max_new_tokens = 48              # per turn
@@ -163,8 +171,6 @@ def base_config() -> ml_collections.ConfigDict:
       scann_brute_force_below=16384))   # scann: exact brute force for smaller corpora
 
   c.eval.max_new_tokens = 48
-  c.eval.baselines = True               # no-retrieval and naive-RAG pipelines in the report
-  c.eval.naive_k = 5
   return c
 
 
@@ -182,8 +188,8 @@ def get_config(arg: str = ""):
     c.sft.lr = 3e-3
     c.sft.max_len = 384
     c.sft.pack_bucket = 64
-    c.sft.observation_loss = True       # its only "pretraining": the passages it retrieves
-    c.sft.known_min_seen = 8
+    c.search.sft.observation_loss = True   # its only "pretraining": the passages it retrieves
+    c.search.sft.known_min_seen = 8
     c.rl.steps = 40
     c.rl.prompts_per_step = 8
     c.rl.group_size = 8

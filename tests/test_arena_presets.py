@@ -45,7 +45,7 @@ def test_ablations_change_only_their_part():
 
 def test_sft_baselines_are_sft_only_with_their_targets():
   direct, reasoning = arena.get_config("sft_direct"), arena.get_config("sft_reasoning")
-  assert direct.sft.target == "direct" and reasoning.sft.target == "teacher"
+  assert direct.arena.sft.target == "direct" and reasoning.arena.sft.target == "teacher"
   for c in (direct, reasoning):
     assert c.rl.steps == 0 and c.sft.steps > 0 and c.model.init == "hf"
   with pytest.raises(ValueError, match="unknown preset 'papr'"):

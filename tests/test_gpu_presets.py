@@ -88,7 +88,7 @@ def _shrunk(name, workdir, tmp_path):
     c.rl.dynamic_sampling = False      # one draw, no redraws of flat groups: time only
   if name in ("search", "sparkle"):
     # The reference pipelines' evaluations (tests/methods cover them): time only.
-    (c.eval if name == "search" else c.sparkle.eval).baselines = False
+    c[name].eval.baselines = False
   if name == "r2ag":
     c.models.generator.path = str(_helper(
         importlib.import_module("configs.r2ag_generator").get_config(""), tmp_path / "gen"))

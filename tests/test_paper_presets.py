@@ -69,7 +69,7 @@ def search_paper(ckpt, workdir):
   c.tool.max_total_len, c.tool.min_batch, c.tool.context_bucket = 2200, 2, 64  # B.4 prompt: ~1.9k bytes
   c.rl.max_new_tokens = 8
   c.eval.max_new_tokens = 8
-  c.eval.baselines = False
+  c.search.eval.baselines = False
   c.reward.match = "em"                                  # no judge endpoint in tests
   return c
 

@@ -32,7 +32,7 @@ def _tiny_world_config(tmp_path, **sft):
   c.data.world = dict(seed=0, num_questions=60)
   c.model.vocab_size = 512
   for k, v in sft.items():
-    c.sft[k] = v
+    c.arena.sft[k] = v
   return c
 
 
@@ -88,7 +88,7 @@ def test_sft_targets_direct_and_teacher(tmp_path):
   prompt = direct.prompt_text(chosen[0])
   assert prompt.startswith(arena.prompts.DIRECT_INSTRUCTION + "\nUser:\n<question>")
   assert arena.prompts.INSTRUCTION not in prompt
-  with pytest.raises(ValueError, match="'sft.teacher_traces' is empty"):
+  with pytest.raises(ValueError, match="'arena.sft.teacher_traces' is empty"):
     arena_task.ArenaTask(_tiny_world_config(tmp_path, target="teacher"))
-  with pytest.raises(ValueError, match="'sft.target' is 'gold'"):
+  with pytest.raises(ValueError, match="'arena.sft.target' is 'gold'"):
     arena_task.ArenaTask(_tiny_world_config(tmp_path, target="gold"))

@@ -49,8 +49,8 @@ def _config(tmp, **tool):
   c.model.vocab_size = 600
   c.sft.steps = 10
   c.reward.stage2_step = 3
-  c.sft.known_min_seen = 2
-  c.sft.observation_loss = False       # the rollout's mask; the flag is tested on its own
+  c.search.sft.known_min_seen = 2
+  c.search.sft.observation_loss = False   # the rollout's mask; the flag is tested on its own
   c.tool.max_total_len = 1200          # room for naive RAG's five documents (small vocab)
   c.tool.update(tool)
   return c
@@ -106,12 +106,14 @@ def test_observation_loss_flag_trains_on_the_passages_too(task):
   ex = next(e for e in task.train if not task.is_direct(e))
   plain = task.sft_loss_mask(ex)
   assert 0 in plain
-  task.config.sft.observation_loss = True
+  kept = task.settings
+  task.settings = dataclasses.replace(
+      kept, sft=dataclasses.replace(kept.sft, observation_loss=True))
   try:
     assert task.sft_loss_mask(ex) == [1] * len(plain)
     assert task.sft_target_ids(ex)[-1] == task.tokenizer.eos_token_id
   finally:
-    task.config.sft.observation_loss = False
+    task.settings = kept
 
 
 def test_comparison_gold_skips_the_reasoning_step(task):

@@ -10,5 +10,5 @@ RULES = {
     "reward.accuracy": cc.OneOf(rewards.ACCURACY_MODES),
     "reward.w_*": cc.NON_NEGATIVE,                      # weights of the part scores
     "reward.bonus_value": cc.NON_NEGATIVE,
-    "sft.target": cc.OneOf(task.SFT_TARGETS),
+    "arena.sft.target": cc.OneOf(task.SFT_TARGETS),
 }

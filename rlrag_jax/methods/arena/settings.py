@@ -1,7 +1,6 @@
-"""ARENA's config section `reward`, parsed once into a frozen dataclass (`config_base.section`):
-every key is declared in configs/arena.py, none defaulted here. ARENA's two keys of the
-trainer's `sft` section (`sft.target`, `sft.teacher_traces`) are declared there too and read
-as they are. The rules on the values are in config_rules.py."""
+"""ARENA's config sections `reward` and `arena`, each parsed once into a frozen dataclass
+(`config_base.section`): every key is declared in configs/arena.py, none defaulted here. The
+rules on the values are in config_rules.py."""
 from __future__ import annotations
 
 import dataclasses
@@ -26,3 +25,18 @@ class RewardSettings:
 
 def reward(config) -> RewardSettings:
   return config_base.section(RewardSettings, config.reward, "reward")
+
+
+@dataclasses.dataclass(frozen=True)
+class SftSettings:
+  target: str                   # 'structured' (ours) | 'direct' | 'teacher' (the SFT baselines)
+  teacher_traces: str           # JSONL of methods.arena.teacher_traces, for target 'teacher'
+
+
+@dataclasses.dataclass(frozen=True)
+class ArenaSettings:
+  sft: SftSettings
+
+
+def arena(config) -> ArenaSettings:
+  return config_base.section(ArenaSettings, config.arena, "arena")

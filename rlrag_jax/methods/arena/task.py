@@ -38,13 +38,15 @@ class ArenaTask(Task):
     self.judge = judge_lib.from_config(r, prompt=self.judge_prompt, where="reward")
     if self.accuracy == "judge" and self.judge is None:
       raise ValueError("config key 'reward.accuracy' is 'judge' but 'reward.judge_url' is empty")
-    self.sft_kind = config.sft.target
+    self.settings = settings.arena(config)
+    self.sft_kind = self.settings.sft.target
     if self.sft_kind not in SFT_TARGETS:
-      raise ValueError(f"config key 'sft.target' is {self.sft_kind!r}; expected one of "
+      raise ValueError(f"config key 'arena.sft.target' is {self.sft_kind!r}; expected one of "
                        f"{SFT_TARGETS}")
     self.instruction = (prompts.DIRECT_INSTRUCTION if self.sft_kind == "direct"
                         else prompts.INSTRUCTION)
-    self.traces = _teacher_traces(config, self) if self.sft_kind == "teacher" else {}
+    self.traces = (_teacher_traces(self.settings.sft.teacher_traces, self)
+                   if self.sft_kind == "teacher" else {})
     self.tokenizer = _tokenizer(config, self)
     self.use_chat = bool(config.model.chat_template and
                          getattr(self.tokenizer, "chat_template", None))
@@ -137,13 +139,14 @@ class ArenaTask(Task):
       yield self.sft_target(ex)
 
 
-def _teacher_traces(config, task) -> dict:
-  """The traces file of `sft.teacher_traces`; training keeps the examples that have a trace."""
+def _teacher_traces(path: str, task) -> dict:
+  """The traces file of `arena.sft.teacher_traces`; training keeps the examples that have a
+  trace."""
   from rlrag_jax.methods.arena import teacher_traces
-  path = config.sft.teacher_traces
   if not path:
-    raise ValueError("config key 'sft.target' is 'teacher' but 'sft.teacher_traces' is empty; "
-                     "build the file with python -m rlrag_jax.methods.arena.teacher_traces")
+    raise ValueError("config key 'arena.sft.target' is 'teacher' but 'arena.sft.teacher_traces' "
+                     "is empty; build the file with python -m "
+                     "rlrag_jax.methods.arena.teacher_traces")
   traces = teacher_traces.read_traces(path)
   keep = [ex for ex in task.train if str(ex.id) in traces]
   if not keep:

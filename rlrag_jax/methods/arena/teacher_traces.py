@@ -9,8 +9,8 @@ references, the gold relevance ids and the gold answer; its reply is the trace. 
 `--out` is `{"id", "question", "trace"}`. The file is appended to and resumable: examples whose id
 is already in it are not asked again. A request that fails (after the endpoint client's retries)
 or returns no text is skipped and counted; the command exits 1 when any was skipped, so a rerun
-fills the gaps. The `sft_reasoning` preset reads the file (`sft.teacher_traces`) and trains on
-`<relevance>gold ids</relevance><analysis>trace</analysis><answer>gold answer</answer>`.
+fills the gaps. The `sft_reasoning` preset reads the file (`arena.sft.teacher_traces`) and trains
+on `<relevance>gold ids</relevance><analysis>trace</analysis><answer>gold answer</answer>`.
 """
 from __future__ import annotations
 

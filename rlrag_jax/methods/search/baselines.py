@@ -6,9 +6,9 @@ Pipelines (`SearchTask.rollout(pipeline=...)`), all greedy, all scored by `eval_
   agent         the trained policy with its tool loop (up to `tool.max_turns` searches);
   no_retrieval  answer directly: the completion is forced to open with "<think>I know this.</think>"
                 and no search is served;
-  naive_rag     one retrieval of the question itself (top `eval.naive_k`, 5 by default) shown as
-                the first <information> block, then the policy reflects and answers; no further
-                search is served.
+  naive_rag     one retrieval of the question itself (top `search.eval.naive_k`, 5 by default)
+                shown as the first <information> block, then the policy reflects and answers; no
+                further search is served.
 Metrics per dataset (`Example.source`): F1, EM, accuracy (the reward's correctness rule), mean
 retrieval count (RC), and the share of valid format.
 
@@ -181,7 +181,7 @@ def write_report(task, workdir, rlog) -> dict:
             {"point": "stage 2 - stage 1", **st["delta"]}]
     text.append(runlog.format_table(rows, ["point"] + [k for k in st["delta"]],
                                     title="Stage 1 vs stage 2"))
-  if config.eval.baselines:
+  if task.settings.eval.baselines:
     from rlrag_jax.run_dirs import load_trained
     policy = eval_policy(load_trained(workdir), task, config)
     examples = sources.cut_eval(list(task.eval), config.eval.num_examples, "eval.num_examples")

@@ -18,6 +18,6 @@ RULES = {
     "tool.min_batch": cc.COUNT,
     "tool.context_bucket": cc.COUNT,
     "tool.max_prompt_len": cc.COUNT_OR_OFF,
-    "sft.known_min_seen": cc.COUNT_OR_OFF,         # 0: every step searched
-    "eval.naive_k": cc.COUNT,
+    "search.sft.known_min_seen": cc.COUNT_OR_OFF,  # 0: every step searched
+    "search.eval.naive_k": cc.COUNT,
 }

@@ -1,6 +1,6 @@
-"""The search agent's config section `reward`, parsed once into a frozen dataclass
-(`config_base.section`): every key is declared in configs/search.py, none defaulted here. The
-rules on the values are in config_rules.py."""
+"""The search agent's config sections `reward` and `search`, each parsed once into a frozen
+dataclass (`config_base.section`): every key is declared in configs/search.py, none defaulted
+here. The rules on the values are in config_rules.py."""
 from __future__ import annotations
 
 import dataclasses
@@ -28,3 +28,25 @@ class RewardSettings:
 
 def reward(config) -> RewardSettings:
   return config_base.section(RewardSettings, config.reward, "reward")
+
+
+@dataclasses.dataclass(frozen=True)
+class SftSettings:
+  known_min_seen: int           # SFT recalls a gold step whose fact >= this many others hold
+  observation_loss: bool        # SFT also trains on the retrieved passages of its targets
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalSettings:
+  baselines: bool               # the no-retrieval and naive-RAG pipelines in the final report
+  naive_k: int                  # naive RAG's top-k
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchSettings:
+  sft: SftSettings
+  eval: EvalSettings
+
+
+def search(config) -> SearchSettings:
+  return config_base.section(SearchSettings, config.search, "search")

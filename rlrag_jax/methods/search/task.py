@@ -20,8 +20,8 @@ SFT mix (warm-up targets; see `sft_target_ids`):
     retriever's real top-k for that query as the observation, "Found <sub-answer>." reflections,
     answer. The observation tokens are masked out of the SFT loss as they are out of the RL loss.
   * steps the model "already knows" are not searched: a step whose fact occurs in at least
-    `sft.known_min_seen` OTHER training examples (so the warm-up itself keeps showing the model
-    that fact) is recalled in a reflection ("Known: X.") instead of searched; an example whose
+    `search.sft.known_min_seen` OTHER training examples (so the warm-up itself keeps showing the
+    model that fact) is recalled in a reflection ("Known: X.") instead of searched; an example whose
     every step is known gets structure A (think, reflect, answer; no search). Facts are
     (head, relation) pairs from the world's question programs, else the gold queries. 0 turns
     this off (every step searched).
@@ -33,8 +33,8 @@ SFT mix (warm-up targets; see `sft_target_ids`):
 
 Reference pipelines (`rollout(..., pipeline=...)`, used by `baselines.py`):
   'no_retrieval' forces the opening "<think>I know this.</think>" and allows no search;
-  'naive_rag' forces one search for the question itself with its top `eval.naive_k` passages,
-  then lets the model reflect and answer, with no further search.
+  'naive_rag' forces one search for the question itself with its top `search.eval.naive_k`
+  passages, then lets the model reflect and answer, with no further search.
 """
 from __future__ import annotations
 
@@ -97,9 +97,10 @@ class SearchTask(Task):
     sel = sources.select(config.data, seed=config.seed)
     self.train, self.eval = _split(sel, config.data)
     self.reward_cfg = settings.reward(config)
+    self.settings = settings.search(config)
     self.stage2_step = int(self.reward_cfg.stage2_step)
     self.corpus = from_config.corpus_for(config, sel)
-    self._known = _known_steps(self.train, int(config.sft.known_min_seen))
+    self._known = _known_steps(self.train, int(self.settings.sft.known_min_seen))
     self.tokenizer = _tokenizer(config, self)
     self.use_chat = bool(config.model.chat_template and
                          getattr(self.tokenizer, "chat_template", None))
@@ -228,11 +229,11 @@ class SearchTask(Task):
     return ids + self._eos()
 
   def sft_loss_mask(self, ex) -> list:
-    """1 on the model's tokens; on the observations 0, or 1 with `sft.observation_loss` (the
+    """1 on the model's tokens; on the observations 0, or 1 with `search.sft.observation_loss` (the
     warm-up then also models the retrieved passages: language-model training on the corpus,
     which a from-scratch model otherwise never gets)."""
     _, mask = self._encode_pieces(self.sft_pieces(ex))
-    if self.config.sft.observation_loss:
+    if self.settings.sft.observation_loss:
       mask = [1] * len(mask)
     return mask + [1] * len(self._eos())
 
@@ -288,7 +289,7 @@ class SearchTask(Task):
     if pipeline == "no_retrieval":
       pre = self._encode_pieces([(prompts.DIRECT_THINK, True)])
       return [(pre[0], [0] * len(pre[0]))] * len(examples)
-    hits = self.retrieve([ex.question for ex in examples], int(self.config.eval.naive_k))
+    hits = self.retrieve([ex.question for ex in examples], int(self.settings.eval.naive_k))
     out = []
     for ex, h in zip(examples, hits):       # all k documents, within half the total budget
       ids, _ = self._encode_pieces(
@@ -378,8 +379,8 @@ class SearchTask(Task):
     yield prompts.PROMPT
 
   def report(self, workdir, rlog) -> None:
-    """Accuracy-vs-RC curves across training and, with `eval.baselines`, the agent against the
-    two reference pipelines on the held-out examples (see baselines.py)."""
+    """Accuracy-vs-RC curves across training and, with `search.eval.baselines`, the agent
+    against the two reference pipelines on the held-out examples (see baselines.py)."""
     from rlrag_jax.methods.search import baselines
     baselines.write_report(self, workdir, rlog)
 
