@@ -32,7 +32,7 @@ trainer (`rlrag_jax.trainer`) reads these sections for every method:
             batch_size, lr, lr_schedule, warmup_ratio, weight_decay,
             max_len, pack_bucket (batch widths round up to it: fewer recompiles), group_by_length
             (batches of similar-length samples, within windows of that many batches),
-            micro_batches, tokens_per_micro_batch, logits_chunk (as rl's).
+            micro_batches, tokens_per_micro_batch, logits_chunk, head_backward (as rl's).
   rl        algo ('grpo' | 'dr_grpo' | 'rloo': group advantages of the named estimator;
             'ppo': a critic, see rl.ppo and rlrag_jax.training.learners), steps, epochs (as
             sft.epochs, over the training prompts at prompts_per_step a step; with dynamic
@@ -50,6 +50,8 @@ trainer (`rlrag_jax.trainer`) reads these sections for every method:
             updates and the log-prob / value forwards; peak memory follows it; 0: off),
             logits_chunk (logit elements computed at once: log-probs in chunks of tokens
             against the LM head, recomputed in the backward pass; 0: the full logits),
+            head_backward (a chunk's backward pass: 'fused' = one recomputation of its logits
+            and one elementwise pass, 'autodiff', 'auto' = fused in reduced precision),
             dynamic_sampling (+ max tries;
             dynamic_sampling_key: the reward entry whose spread within a group keeps it, e.g.
             'total' or 'correct' as DAPO does),
@@ -144,7 +146,8 @@ def trainer_config(method: str, workdir: str) -> ml_collections.ConfigDict:
       micro_batches=1,     # gradient accumulation inside the step (smaller live buffers)
       tokens_per_micro_batch=0,    # > 0: micro-batches of at most this many padded tokens,
                                    # packed by length (replaces micro_batches; 0: off)
-      logits_chunk=2 ** 26))       # logit elements (tokens x vocab) computed at once (as rl's)
+      logits_chunk=2 ** 26,        # logit elements (tokens x vocab) computed at once (as rl's)
+      head_backward="auto"))       # the chunked head's backward pass (as rl's)
 
   c.rl = ml_collections.ConfigDict(dict(
       algo="grpo", steps=0, prompts_per_step=8, group_size=8, temperature=1.0, top_k=0,
@@ -162,6 +165,11 @@ def trainer_config(method: str, workdir: str) -> ml_collections.ConfigDict:
       # backward pass: no [tokens, vocab] array in the updates and log-prob forwards. A batch
       # whose logits fit at once takes the unchunked path (the CPU defaults' always do); 0: off.
       logits_chunk=2 ** 26,
+      # The backward pass of each chunk: 'fused' (one recomputation of the chunk's logits and
+      # one elementwise pass; rl.logprobs.fused_head_stats), 'autodiff', or 'auto' (fused in
+      # reduced-precision compute, autodiff in float32, whose exact sums the CPU defaults'
+      # results were made with).
+      head_backward="auto",
       # rl.algo == 'ppo' only: the critic and GAE (rlrag_jax.training.learners.PPOLearner)
       ppo=ml_collections.ConfigDict(dict(
           critic="separate", gamma=1.0, lam=0.95, vf_lr=1e-4, vf_clip=0.2, whiten=True,

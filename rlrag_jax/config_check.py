@@ -178,7 +178,7 @@ def shared_rules() -> dict:
   from rlrag_jax.data import world_text
   from rlrag_jax.models import config as model_config
   from rlrag_jax.retrieval import index
-  from rlrag_jax.rl import train_step
+  from rlrag_jax.rl import logprobs, train_step
   from rlrag_jax.rl.kl import KL_ESTIMATORS
   from rlrag_jax.rl.losses import AGGREGATIONS
   from rlrag_jax.training import learners, stages, steps
@@ -239,6 +239,7 @@ def shared_rules() -> dict:
       "sft.micro_batches": COUNT,
       "sft.tokens_per_micro_batch": COUNT_OR_OFF,
       "sft.logits_chunk": COUNT_OR_OFF,
+      "sft.head_backward": OneOf(logprobs.HEAD_BACKWARDS),
       # rl (rlrag_jax.training.learners / steps, rlrag_jax.rl.*, the sampler)
       "rl.algo": OneOf(learners.ALGOS),
       "rl.steps": NON_NEGATIVE,
@@ -270,6 +271,7 @@ def shared_rules() -> dict:
       "rl.dynamic_max_tries": COUNT,
       "rl.pack_bucket": COUNT,
       "rl.logits_chunk": COUNT_OR_OFF,
+      "rl.head_backward": OneOf(logprobs.HEAD_BACKWARDS),
       "rl.ppo.critic": OneOf(learners.CRITICS),
       "rl.ppo.gamma": FRACTION,
       "rl.ppo.lam": FRACTION,

@@ -8,6 +8,7 @@ hardware is owned: ahead-of-time compiles on abstract shapes (nothing allocated,
       --parts update --tokens-per-micro-batch 8192     # token-budget micro-batches
   python -m rlrag_jax.bench.memory --shape path/to/config.json ... [--json]
   python -m rlrag_jax.bench.memory --targets  # the issue-31 targets, PASS / FAIL each
+  python -m rlrag_jax.bench.memory --targets --gpu h100   # the same on XLA:GPU's plan
 
 Each compiled function is reported with XLA's memory analysis (arguments, outputs, temporaries:
 per device) and cost analysis (flops, bytes accessed: per device), beside an ideal:
@@ -43,8 +44,16 @@ per device) and cost analysis (flops, bytes accessed: per device), beside an ide
 `--devices D` (> 1) runs on D host devices (`--xla_force_host_platform_device_count`) with the
 presets' FSDP mesh (data=1, fsdp=D): the per-device figures of an 8-way sharded 7B, from a
 laptop (as MaxText's `train_compile` checks a training configuration it cannot run).
+`--gpu h100` (or a GPU target config's path) compiles for that GPU instead, without one
+attached (`gpu_plan`: needs JAX's CUDA plugin, no GPU): the figures are then XLA:GPU's plan, with
+its GPU fusions, and `--devices D` makes D such GPUs. XLA:CPU fuses less than XLA:GPU and keeps
+more temporaries, so the CPU plan is an upper bound of the GPU's. A deviceless compile has no
+cost analysis: its bytes accessed are counted kernel by kernel from the compiled HLO
+(`hlo_traffic`: each kernel reads its operands and writes its result once, an in-place update
+writes only its slice), and it prints no FLOPs.
 `--json` prints one JSON object a line per compiled function (keys `name`, `argument_bytes`,
-`output_bytes`, `temp_bytes`, `flops`, `bytes_accessed`, `ideal_bytes` and the settings).
+`output_bytes`, `temp_bytes`, `flops`, `bytes_accessed`, `ideal_bytes`, `plan` and the
+settings).
 """
 from __future__ import annotations
 
@@ -56,6 +65,8 @@ import pathlib
 import sys
 import time
 from typing import Optional
+
+from rlrag_jax.bench import gpu_plan
 
 # Published config.json fields of the models the paper presets train (no download needed).
 SHAPES = {
@@ -126,17 +137,43 @@ def _bytes(tree) -> int:
 
 
 def _row(name: str, compiled, ideal: float, devices: int, **settings) -> dict:
+  """One compiled function's figures. Bytes accessed: XLA's cost analysis where the backend
+  has one (`bytes_from` 'xla'), else counted from the compiled HLO (`hlo_traffic`, 'hlo';
+  the deviceless GPU compile), which prints no FLOPs."""
   mem = compiled.memory_analysis()
   cost = compiled.cost_analysis()
   if isinstance(cost, (list, tuple)):         # older jax: one dict per computation
     cost = cost[0] if cost else {}
-  cost = cost or {}
+  if cost:
+    flops, accessed, source = (float(cost.get("flops", 0.0)),
+                               float(cost.get("bytes accessed", 0.0)), "xla")
+  else:
+    flops, accessed, source = None, None, "hlo"
+  traffic = None
+  if source == "hlo" or TOP_KERNELS:
+    from rlrag_jax.bench import hlo_traffic
+    traffic = hlo_traffic.traffic(compiled.as_text())
+    accessed = float(traffic.bytes) if accessed is None else accessed
+  if TOP_KERNELS:
+    print(f"{name}: the {TOP_KERNELS} kernels with the most memory traffic (hlo_traffic, "
+          f"{traffic.bytes / 1e9:.1f} GB in all):\n{traffic.top(TOP_KERNELS)}", file=sys.stderr)
+  device = compiled.input_shardings[0]
   return dict(name=name, argument_bytes=int(mem.argument_size_in_bytes),
               output_bytes=int(mem.output_size_in_bytes),
               alias_bytes=int(mem.alias_size_in_bytes), temp_bytes=int(mem.temp_size_in_bytes),
-              flops=float(cost.get("flops", 0.0)),
-              bytes_accessed=float(cost.get("bytes accessed", 0.0)),
-              ideal_bytes=float(ideal), devices=devices, **settings)
+              flops=flops, bytes_accessed=accessed, bytes_from=source,
+              plan=_plan_name(device), ideal_bytes=float(ideal), devices=devices, **settings)
+
+
+TOP_KERNELS = 0        # --top: print each compiled function's heaviest kernels to stderr
+
+
+def _plan_name(shardings) -> str:
+  """'cpu' or the device kind the program was compiled for ('NVIDIA H100 80GB HBM3')."""
+  import jax
+  leaves = jax.tree_util.tree_leaves(shardings)
+  dev = next(iter(leaves[0].device_set)) if leaves else None
+  return "cpu" if dev is None or dev.platform == "cpu" else str(dev.device_kind)
 
 
 def _abstract(tree, sharding):
@@ -162,13 +199,14 @@ def budget_micro_batch(sequences: int, tokens: int, budget: int, shards: int) ->
 
 def compile_update(cfg, mesh, sequences: int, tokens: int, *, micro_batches: int = 1,
                    logits_chunk: Optional[int] = None, algo: str = "grpo",
-                   logits_start: int = 0, tokens_per_micro_batch: int = 0) -> list:
+                   logits_start: int = 0, tokens_per_micro_batch: int = 0,
+                   head_backward: str = "auto") -> list:
   """Rows 'update' (+ 'update_critic' for PPO) and 'logprob' of the trainer's jitted steps;
   with `tokens_per_micro_batch`, the token-budget form (+ 'update_apply')."""
   if tokens_per_micro_batch:
     return _compile_budget_update(cfg, mesh, sequences, tokens, budget=tokens_per_micro_batch,
                                   logits_chunk=logits_chunk, algo=algo,
-                                  logits_start=logits_start)
+                                  logits_start=logits_start, head_backward=head_backward)
   import jax
   import jax.numpy as jnp
   from rlrag_jax.models import sharding as shd
@@ -193,9 +231,10 @@ def compile_update(cfg, mesh, sequences: int, tokens: int, *, micro_batches: int
   loss = ts.LossConfig.preset("grpo")
   devices = mesh.devices.size
   settings = dict(sequences=sequences, tokens=tokens, micro_batches=micro_batches,
-                  logits_chunk=chunk, vocab=cfg.vocab_size, logits_start=logits_start)
+                  logits_chunk=chunk, vocab=cfg.vocab_size, logits_start=logits_start,
+                  head_backward=head_backward)
   step = ts.make_policy_step(module, opt, mesh, loss, micro_batches=micro_batches,
-                             logits_chunk=chunk)
+                             logits_chunk=chunk, head_backward=head_backward)
   compiled, secs = _timed_compile(step, state, batch, logits_start)
   params_f32 = sum(int(x.size) for x in jax.tree_util.tree_leaves(state.params)) * 4
   mb_tokens = sequences // micro_batches * tokens
@@ -222,7 +261,8 @@ def compile_update(cfg, mesh, sequences: int, tokens: int, *, micro_batches: int
 
 
 def _compile_budget_update(cfg, mesh, sequences: int, tokens: int, *, budget: int,
-                           logits_chunk: Optional[int], algo: str, logits_start: int) -> list:
+                           logits_chunk: Optional[int], algo: str, logits_start: int,
+                           head_backward: str) -> list:
   """`compile_update` for token-budget micro-batches: the accumulate step (per micro-batch),
   the apply step (once per update), the critic's accumulate for PPO, the log-prob forward."""
   import jax
@@ -254,7 +294,7 @@ def _compile_budget_update(cfg, mesh, sequences: int, tokens: int, *, budget: in
   devices = mesh.devices.size
   settings = dict(sequences=sequences, tokens=tokens, micro_batches=count, logits_chunk=chunk,
                   vocab=cfg.vocab_size, logits_start=logits_start,
-                  tokens_per_micro_batch=budget, micro_rows=rows)
+                  tokens_per_micro_batch=budget, micro_rows=rows, head_backward=head_backward)
   params_f32 = sum(int(x.size) for x in jax.tree_util.tree_leaves(state.params)) * 4
   residual = cfg.num_layers * rows * tokens * cfg.hidden_size * \
       jnp.dtype(cfg.compute_dtype).itemsize
@@ -269,7 +309,7 @@ def _compile_budget_update(cfg, mesh, sequences: int, tokens: int, *, budget: in
     return _row(name, compiled, ideal, devices, compile_s=secs, **settings), grads, sums
 
   policy = ts.make_policy_step(module, opt, mesh, ts.LossConfig.preset("grpo"),
-                               logits_chunk=chunk)
+                               logits_chunk=chunk, head_backward=head_backward)
   row, grads, sums = accumulate_row("update", policy, state, mb, logits_start)
   compiled, secs = _timed_compile(policy.apply, state, grads, sums, scalar, norms)
   out = [row, _row("update_apply", compiled, (_bytes(state) + _bytes(grads)) / devices, devices,
@@ -351,7 +391,7 @@ def run(shape: str, *, sequences: int = 64, tokens: int = 512, micro_batches: in
         decode_batch: int = 256, cached: int = 512, parts=("update", "prefill", "decode"),
         remat: bool = True, attention_block: int = 512, logits_start: int = 0,
         devices=None, tokens_per_micro_batch: int = 0, layers: Optional[int] = None,
-        scan_layers: bool = False) -> list:
+        scan_layers: bool = False, head_backward: str = "auto") -> list:
   """The rows of every requested part for one shape; the update is FSDP-sharded over
   `devices` (default: every jax device), prefill and decode run on the first."""
   import jax
@@ -364,7 +404,8 @@ def run(shape: str, *, sequences: int = 64, tokens: int = 512, micro_batches: in
   if "update" in parts:
     rows += compile_update(cfg, mesh, sequences, tokens, micro_batches=micro_batches,
                            logits_chunk=logits_chunk, algo=algo, logits_start=logits_start,
-                           tokens_per_micro_batch=tokens_per_micro_batch)
+                           tokens_per_micro_batch=tokens_per_micro_batch,
+                           head_backward=head_backward)
   one = shd.make_mesh(devices=mesh.devices.flat[:1])
   if "prefill" in parts:
     rows.append(compile_prefill(cfg, one, min(sequences, decode_batch), tokens // 2, tokens))
@@ -373,8 +414,9 @@ def run(shape: str, *, sequences: int = 64, tokens: int = 512, micro_batches: in
   for r in rows:
     r["shape"] = shape
     r["scan_layers"] = bool(scan_layers)
-    if scan_layers and r["name"] in SCANNED:
+    if scan_layers and r["name"] in SCANNED and r["bytes_from"] == "xla":
       # XLA's cost analysis counts a while loop's body once, not once per layer: no figure
+      # (hlo_traffic charges a loop body once per trip)
       r["flops"] = r["bytes_accessed"] = None
   return rows
 
@@ -468,6 +510,9 @@ def main(argv=None) -> int:
   ap.add_argument("--logits-start", type=int, default=0,
                   help="first position whose logits the update computes (0: every position)")
   ap.add_argument("--algo", choices=("grpo", "ppo"), default="grpo")
+  ap.add_argument("--head-backward", choices=("auto", "fused", "autodiff"), default="auto",
+                  help="the chunked LM head's backward pass (rl.head_backward; 'auto': fused "
+                  "in bf16, the shapes' compute dtype)")
   ap.add_argument("--vocab", type=int, default=None, help="replace the shape's vocabulary size")
   ap.add_argument("--layers", type=int, default=None,
                   help="replace the shape's decoder layer count: the difference between two "
@@ -483,60 +528,85 @@ def main(argv=None) -> int:
                   "then have no FLOP or bytes figures (XLA counts a loop body once)")
   ap.add_argument("--attention-block", type=int, default=512,
                   help="key block of the attention (model.attention_block; 0: dense)")
-  ap.add_argument("--devices", type=int, default=1, help="host devices for the FSDP mesh")
+  ap.add_argument("--devices", type=int, default=1,
+                  help="devices of the FSDP mesh: host devices, or GPUs with --gpu")
+  ap.add_argument("--gpu", default="",
+                  help="compile for this GPU, not attached (gpu_plan: 'h100' or a GPU target "
+                  "config .txtpb; needs JAX's CUDA plugin): XLA:GPU's plan")
   ap.add_argument("--json", action="store_true", help="one JSON object a line")
+  ap.add_argument("--top", type=int, default=0,
+                  help="print each compiled function's N kernels with the most memory "
+                  "traffic (hlo_traffic) to stderr: where the bytes go")
   ap.add_argument("--targets", action="store_true",
                   help="check the three targets (0.5B vocab independence and temporaries, "
                   "0.5B decode bytes, 7B on 8 devices): PASS / FAIL lines; exit 1 on a FAIL")
   args = ap.parse_args(argv)
+  global TOP_KERNELS
+  TOP_KERNELS = max(0, args.top)
   if args.targets:
     args.devices = max(args.devices, 8)
-  _set_host_devices(args.devices)
+  if args.gpu:
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")   # the CUDA plugin compiles, never runs
+  else:
+    _set_host_devices(args.devices)
   try:
+    devs = _devices(args)
     if args.targets:
-      return _targets(args)
+      return _targets(args, devs)
     parts = tuple(p for p in args.parts.split(",") if p)
     unknown = set(parts) - {"update", "prefill", "decode"}
     if unknown:
       ap.error(f"--parts: unknown {sorted(unknown)}; expected update, prefill, decode")
-    import jax
-    if args.devices > 1 and jax.device_count() < args.devices:
-      raise SystemExit(f"--devices {args.devices}: jax sees {jax.device_count()} devices "
-                       "(set the flag before anything imports jax)")
     rows = run(args.shape, sequences=args.sequences, tokens=args.tokens,
                micro_batches=args.micro_batches, logits_chunk=args.logits_chunk,
                algo=args.algo, vocab=args.vocab, decode_batch=args.decode_batch,
                cached=args.cached, parts=parts, remat=not args.no_remat,
                attention_block=args.attention_block, logits_start=args.logits_start,
                scan_layers=args.scan_layers,
-               tokens_per_micro_batch=args.tokens_per_micro_batch, layers=args.layers)
-  except ShapeError as e:
+               tokens_per_micro_batch=args.tokens_per_micro_batch, layers=args.layers,
+               devices=devs, head_backward=args.head_backward)
+  except (ShapeError, gpu_plan.GpuPlanError) as e:
     print(f"bench.memory: {e}", file=sys.stderr)
     return 2
   if args.json:
     for r in rows:
       print(json.dumps(r))
   else:
-    import jax
-    print(f"jax {jax.__version__}, backend {jax.default_backend()}, {jax.device_count()} "
-          f"device(s); per-device figures")
+    print(_header(devs))
     print(format_rows(rows))
   return 0
 
 
-def _targets(args) -> int:
+def _devices(args) -> list:
+  """The mesh's devices: `--devices` GPUs of `--gpu`'s card (deviceless), else host devices."""
+  if args.gpu:
+    return list(gpu_plan.devices(args.gpu, args.devices))
   import jax
-  print(f"jax {jax.__version__}, backend {jax.default_backend()}, {jax.device_count()} "
-        "device(s); per-device figures")
-  one = dict(parts=("update",), logits_chunk=args.logits_chunk, devices=jax.devices()[:1])
+  if args.devices > 1 and jax.device_count() < args.devices:
+    raise SystemExit(f"--devices {args.devices}: jax sees {jax.device_count()} devices "
+                     "(set the flag before anything imports jax)")
+  return jax.devices()[:args.devices] if args.devices > 1 else jax.devices()
+
+
+def _header(devs) -> str:
+  import jax
+  d = devs[0]
+  plan = ("XLA:CPU plan" if d.platform == "cpu" else
+          f"XLA:GPU plan for {d.device_kind}, compiled without the GPU (bench.gpu_plan)")
+  return f"jax {jax.__version__}, {plan}, {len(devs)} device(s); per-device figures"
+
+
+def _targets(args, devs) -> int:
+  print(_header(devs))
+  one = dict(parts=("update",), logits_chunk=args.logits_chunk, devices=devs[:1])
   big = run("qwen2.5-0.5b", sequences=64, tokens=512, **one)
   small = run("qwen2.5-0.5b", sequences=64, tokens=512, vocab=32000, **one)
   dec = run("qwen2.5-0.5b", sequences=64, tokens=512, parts=("decode",), decode_batch=256,
-            cached=512)
+            cached=512, devices=devs[:1])
   # The 7B as the paper presets train it: scanned blocks (`model.scan_layers`,
   # `config_base.use_hf_model`); the 0.5B rows on one device unrolled, its better setting there.
   seven = run("qwen2.5-7b", sequences=64, tokens=4096, micro_batches=2, parts=("update",),
-              logits_chunk=args.logits_chunk, scan_layers=True)
+              logits_chunk=args.logits_chunk, scan_layers=True, devices=devs[:8])
   rows = big + small + dec + seven
   if args.json:
     for r in rows:

@@ -199,13 +199,14 @@ class Probe:
     chunk = int(rl.logits_chunk)
     rl_step = ts.make_policy_step(self.module, opt, self.mesh, self.loss_cfg,
                                   micro_batches=learners.equal_micro_batches(rl),
-                                  logits_chunk=chunk)
+                                  logits_chunk=chunk, head_backward=rl.head_backward)
     logp = ts.make_logprob_fn(self.module, self.mesh, temperature=rl.temperature,
                               micro_batches=learners.equal_micro_batches(rl), logits_chunk=chunk)
     self.learner = learners.make_learner(config, _Steps(rl_step, logp), self.mesh, lm.config,
                                          self.pad)
     self.sft_step = (ts.make_sft_step(self.module, opt, self.mesh,
-                                      logits_chunk=int(config.sft.logits_chunk))
+                                      logits_chunk=int(config.sft.logits_chunk),
+                                      head_backward=config.sft.head_backward)
                      if with_sft else None)
 
   def rl_gradient(self, episodes, scores, key):

@@ -94,6 +94,20 @@ def completion_logprobs(apply_fn: Callable, params, input_ids: Array, attention_
 
 # ------------------------------------------------------------------------------------ chunked
 DEFAULT_LOGITS_CHUNK = 2 ** 26    # logit elements (tokens x vocab) per chunk: 256 MiB in f32
+# The backward pass of a chunk of the LM head (`rl.head_backward`, `sft.head_backward`):
+# 'fused' (`fused_head_stats`), 'autodiff', or 'auto' (fused in reduced-precision compute, where
+# the accelerator presets run; autodiff in float32, whose exact sums the CPU defaults'
+# committed results were made with).
+HEAD_BACKWARDS = ("auto", "fused", "autodiff")
+
+
+def use_fused_backward(mode: str, compute_dtype, entropy_grad: bool) -> bool:
+  """Whether a chunked head takes the fused backward; an entropy bonus needs autodiff."""
+  if mode not in HEAD_BACKWARDS:
+    raise ValueError(f"head_backward={mode!r}; expected one of {HEAD_BACKWARDS}")
+  if entropy_grad:
+    return False
+  return mode == "fused" or (mode == "auto" and jnp.dtype(compute_dtype) != jnp.float32)
 
 
 def chunk_positions(rows: int, positions: int, vocab: int, budget: int) -> int:
@@ -122,10 +136,62 @@ def _head_stats(h: Array, head: Array, targets: Array, *, transposed: bool, temp
   return out
 
 
+def _head_logits(h: Array, head: Array, transposed: bool, temperature: float) -> Array:
+  spec = "bce,ve->bcv" if transposed else "bce,ev->bcv"
+  logits = jnp.einsum(spec, h, head, preferred_element_type=jnp.float32)   # [B, C, V]
+  return logits / temperature if temperature != 1.0 else logits
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6))
+def fused_head_stats(h: Array, head: Array, targets: Array, transposed: bool,
+                     temperature: float, with_entropy: bool, with_hits: bool) -> dict:
+  """`_head_stats` of one chunk (no entropy gradient) with a hand-written backward pass that
+  reads the chunk's logits once: the forward keeps only the log-sum-exp [B, C]; the backward
+  recomputes the logits with one GEMM and turns them into the log-prob's gradient,
+  (onehot(target) - softmax) * g / temperature, in one elementwise pass, cast to the compute
+  dtype for the two GEMMs that follow (h's and the head's gradients). Autodiff of the same
+  chunk under `jax.checkpoint` reads the float32 logits about four times more (max, sum, the
+  softmax's gradient, the gather's scatter), which XLA:GPU's plan of a 0.5B update shows as
+  most of the step's memory traffic (docs/results/memory/)."""
+  return _fused_fwd(h, head, targets, transposed, temperature, with_entropy, with_hits)[0]
+
+
+def _fused_fwd(h, head, targets, transposed, temperature, with_entropy, with_hits):
+  logits = _head_logits(h, head, transposed, temperature)
+  lse = jax.nn.logsumexp(logits, axis=-1)                                  # [B, C]
+  picked = jnp.take_along_axis(logits, targets[..., None].astype(jnp.int32), axis=-1)[..., 0]
+  out = {"lp": picked - lse}
+  if with_entropy:
+    p = jnp.exp(logits - lse[..., None])
+    out["ent"] = lse - jnp.sum(p * logits, axis=-1)
+  if with_hits:
+    out["hit"] = (jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32)
+  return out, (h, head, targets, lse)
+
+
+def _fused_bwd(transposed, temperature, with_entropy, with_hits, res, g):
+  del with_entropy, with_hits                   # neither carries a gradient
+  h, head, targets, lse = res
+  logits = _head_logits(h, head, transposed, temperature)
+  vocab = logits.shape[-1]
+  onehot = jnp.arange(vocab, dtype=jnp.int32) == targets[..., None].astype(jnp.int32)
+  scale = g["lp"][..., None] / temperature
+  dlogits = ((onehot.astype(jnp.float32) - jnp.exp(logits - lse[..., None])) * scale)
+  dlogits = dlogits.astype(h.dtype)
+  dh_spec, dw_spec = ("bcv,ve->bce", "bce,bcv->ve") if transposed else \
+      ("bcv,ev->bce", "bce,bcv->ev")
+  dh = jnp.einsum(dh_spec, dlogits, head, preferred_element_type=jnp.float32).astype(h.dtype)
+  dw = jnp.einsum(dw_spec, h, dlogits, preferred_element_type=jnp.float32).astype(head.dtype)
+  return dh, dw, None
+
+
+fused_head_stats.defvjp(_fused_fwd, _fused_bwd)
+
+
 def chunked_head_logprobs(h: Array, head: Array, targets: Array, *, chunk: int,
                           transposed: bool = False, temperature: float = 1.0,
                           with_entropy: bool = False, entropy_grad: bool = False,
-                          with_hits: bool = False) -> dict:
+                          with_hits: bool = False, fused: bool = False) -> dict:
   """Per-token log-probs (and entropies, greedy hits) of `targets` under the LM head, without
   ever holding the [B, N, V] logits.
 
@@ -137,6 +203,10 @@ def chunked_head_logprobs(h: Array, head: Array, targets: Array, *, chunk: int,
       that many tokens, and each chunk's logits are recomputed in the backward pass
       (`jax.checkpoint` inside a `lax.scan`), so the update's live logits are one chunk's. The
       gradient of `head` accumulates over the chunks.
+    fused: each chunk's backward pass is `fused_head_stats`'s (one recomputation of the
+      logits, one elementwise pass over them) instead of autodiff's; not with `entropy_grad`.
+      Equal to autodiff's gradients up to rounding, which is why the float32 CPU defaults keep
+      autodiff's exact sums (`use_fused_backward`: `rl.head_backward` 'auto').
 
   Returns {'lp': [B, N] f32, 'ent': [B, N] (with_entropy), 'hit': [B, N] (with_hits)}; the
   entropy carries no gradient unless `entropy_grad`.
@@ -147,13 +217,21 @@ def chunked_head_logprobs(h: Array, head: Array, targets: Array, *, chunk: int,
   stats = functools.partial(_head_stats, transposed=transposed, temperature=temperature,
                             with_entropy=with_entropy, entropy_grad=entropy_grad,
                             with_hits=with_hits)
+  if fused and entropy_grad:
+    raise ValueError("chunked_head_logprobs: fused=True gives the entropy no gradient; an "
+                     "entropy bonus (entropy_grad) needs the autodiff path")
+  if fused:
+    stats = lambda hc, w, tc: fused_head_stats(hc, w, tc, transposed, float(temperature),
+                                               with_entropy, with_hits)
   if c >= n:
     return stats(h, head, targets)
   chunks = -(-n // c)
   pad = chunks * c - n
   hs = jnp.pad(h, ((0, 0), (0, pad), (0, 0))).reshape(b, chunks, c, e)
   ts = jnp.pad(targets, ((0, 0), (0, pad))).reshape(b, chunks, c)
-  body = jax.checkpoint(lambda w, hc, tc: stats(hc, w, tc))
+  # The fused backward recomputes its logits itself and keeps only [B, C] of its forward.
+  body = (lambda w, hc, tc: stats(hc, w, tc)) if fused else \
+      jax.checkpoint(lambda w, hc, tc: stats(hc, w, tc))
 
   # `head` is a constant of the scan (not a carry): JAX hoists loop-invariant residuals, so the
   # backward pass reads the one weight instead of a copy per chunk.

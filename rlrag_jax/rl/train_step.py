@@ -51,6 +51,7 @@ from jax.sharding import Mesh, NamedSharding
 from rlrag_jax.models import sharding as shd
 from rlrag_jax.rl.kl import KL_ESTIMATORS, kl as kl_fn
 from rlrag_jax.rl.logprobs import (DEFAULT_LOGITS_CHUNK, chunk_positions, chunked_head_logprobs,
+                                   use_fused_backward,
                                    predicted_logprobs)
 from rlrag_jax.rl.losses import AGGREGATIONS, aggregation_terms, ppo_token_loss, value_token_loss
 
@@ -388,7 +389,8 @@ def compute_params(module, params, mesh: Mesh, rules=shd.RULES):
 
 def _token_stats(module, params, mb, mesh, rules, start: int, *, chunk: int,
                  temperature: float = 1.0, with_entropy: bool = False,
-                 entropy_grad: bool = False, with_hits: bool = False) -> dict:
+                 entropy_grad: bool = False, with_hits: bool = False,
+                 head_backward: str = "auto") -> dict:
   """Aligned per-token statistics [b, T] of a micro-batch: 'lp' (log-prob of each token), and
   'ent' (entropy of the distribution that predicted it) / 'hit' (greedy prediction right),
   each 0 at positions 0..start.
@@ -415,9 +417,12 @@ def _token_stats(module, params, mb, mesh, rules, start: int, *, chunk: int,
                    method=_predictor_hidden)                                # [b, n, E]
   h = _constrain(h, ("activation_batch", "activation_length", "activation_embed"), mesh, rules)
   head, transposed = lm_head_weight(cfg, params)
+  # `head_backward` 'auto': reduced-precision compute (the accelerator presets) takes the
+  # hand-written chunk backward; float32 (the CPU defaults) keeps autodiff's.
+  fused = use_fused_backward(head_backward, cfg.compute_dtype, entropy_grad)
   out = chunked_head_logprobs(h, head, ids[:, start + 1:], chunk=chunk, transposed=transposed,
                               temperature=temperature, with_entropy=with_entropy,
-                              entropy_grad=entropy_grad, with_hits=with_hits)
+                              entropy_grad=entropy_grad, with_hits=with_hits, fused=fused)
   return {k: pad(v) for k, v in out.items()}
 
 
@@ -610,7 +615,8 @@ def _make_update_step(mb_loss: Callable, norms_fn: _TokenNorms, finalize: Callab
 # ------------------------------------------------------------------------------------ policy
 def make_policy_step(module, opt, mesh: Mesh, loss_cfg: LossConfig = LossConfig(), *,
                      micro_batches: int = 1, lr_schedule: Optional[Callable] = None,
-                     logits_chunk: int = DEFAULT_LOGITS_CHUNK, rules=shd.RULES):
+                     logits_chunk: int = DEFAULT_LOGITS_CHUNK, head_backward: str = "auto",
+                     rules=shd.RULES):
   """GRPO / DAPO / Dr. GRPO update: `state, metrics = step(state, batch, logits_start=0)`.
 
   batch: input_ids [B, T], attention_mask [B, T], loss_mask [B, T], advantages [B] or [B, T],
@@ -633,7 +639,7 @@ def make_policy_step(module, opt, mesh: Mesh, loss_cfg: LossConfig = LossConfig(
   def mb_loss(params, mb, norms, start):
     out = _token_stats(module, params, mb, mesh, rules, start, chunk=logits_chunk,
                        temperature=cfg.temperature, with_entropy=cfg.compute_entropy,
-                       entropy_grad=cfg.entropy_coef > 0)
+                       entropy_grad=cfg.entropy_coef > 0, head_backward=head_backward)
     logp, ent = out["lp"], out.get("ent")
     m = _loss_mask(mb["loss_mask"])
     old = mb.get("old_logp")
@@ -693,7 +699,8 @@ def _policy_metrics(sums: dict, norms: dict) -> dict:
 def make_sft_step(module, opt, mesh: Mesh, *, aggregation: str = "token_mean",
                   max_len: Optional[int] = None, micro_batches: int = 1,
                   lr_schedule: Optional[Callable] = None,
-                  logits_chunk: int = DEFAULT_LOGITS_CHUNK, rules=shd.RULES):
+                  logits_chunk: int = DEFAULT_LOGITS_CHUNK, head_backward: str = "auto",
+                  rules=shd.RULES):
   """Masked cross-entropy update. batch: input_ids, attention_mask, loss_mask (1 on targets).
   `state, metrics = step(state, batch, logits_start=0)`, logits_start as in `make_policy_step`.
 
@@ -706,7 +713,7 @@ def make_sft_step(module, opt, mesh: Mesh, *, aggregation: str = "token_mean",
 
   def mb_loss(params, mb, norms, start):
     out = _token_stats(module, params, mb, mesh, rules, start, chunk=logits_chunk,
-                       with_hits=True)
+                       with_hits=True, head_backward=head_backward)
     m = _loss_mask(mb["loss_mask"])
     num, _ = aggregation_terms(-out["lp"], m, aggregation, max_len)
     return num / norms["den"], {"accuracy": jnp.sum(out["hit"] * m)}

@@ -85,10 +85,12 @@ class Steps:
     # With a token budget the host packs the micro-batches (`accumulated`): no equal splits.
     self.sft_step = ts.make_sft_step(self.module, self.sft_opt, mesh,
                                      micro_batches=learners.equal_micro_batches(config.sft),
-                                     logits_chunk=int(config.sft.logits_chunk))
+                                     logits_chunk=int(config.sft.logits_chunk),
+                                     head_backward=config.sft.head_backward)
     self.rl_step = ts.make_policy_step(self.module, self.rl_opt, mesh, self.loss_cfg,
                                        micro_batches=learners.equal_micro_batches(rl),
-                                       logits_chunk=int(rl.logits_chunk))
+                                       logits_chunk=int(rl.logits_chunk),
+                                       head_backward=rl.head_backward)
     self.logp = ts.make_logprob_fn(self.module, mesh, temperature=rl.temperature,
                                    micro_batches=learners.equal_micro_batches(rl),
                                    logits_chunk=int(rl.logits_chunk))
