@@ -160,9 +160,9 @@ def trainer_config(method: str, workdir: str) -> ml_collections.ConfigDict:
       micro_batches=1, tokens_per_micro_batch=0, dynamic_sampling=False,
       dynamic_sampling_key="total",
       dynamic_max_tries=3, pack_bucket=64,
-      # The LM head's logits in chunks of at most this many elements (tokens x vocab: 2**26 is
-      # 256 MiB in float32, 441 tokens at Qwen's 151,936 vocabulary), each recomputed in the
-      # backward pass: no [tokens, vocab] array in the updates and log-prob forwards. A batch
+      # The LM head's logits in chunks of at most this many elements a device (tokens x vocab:
+      # 2**26 is 256 MiB in float32, 441 tokens at Qwen's 151,936 vocabulary), each recomputed
+      # in the backward pass: no [tokens, vocab] array in the updates and log-prob forwards. A batch
       # whose logits fit at once takes the unchunked path (the CPU defaults' always do); 0: off.
       logits_chunk=2 ** 26,
       # The backward pass of each chunk: 'fused' (one recomputation of the chunk's logits and

@@ -405,7 +405,13 @@ def _token_stats(module, params, mb, mesh, rules, start: int, *, chunk: int,
   params = compute_params(module, params, mesh, rules)
   b, n = ids.shape[0], ids.shape[1] - 1 - start
   pad = lambda x: jnp.pad(x, ((0, 0), (start + 1, 0)))
-  if chunk_positions(b, n, cfg.vocab_size, chunk) >= n:
+  # `chunk` bounds one device's logits: the rows are sharded over the batch axes, so a chunk
+  # spans shards-times more positions than one device's budget over all rows would give
+  # (XLA:GPU's plan of a 7B update on 8 H100s: 8x fewer passes over the head's weight and
+  # gradient, docs/results/memory/).
+  shards = int(np.prod([mesh.shape[a] for a in shd.BATCH_AXES if a in mesh.shape]))
+  rows = b // shards if shards > 1 and b % shards == 0 else b
+  if chunk_positions(rows, n, cfg.vocab_size, chunk) >= n:
     pred = _pred_logits(module, params, mb, mesh, rules, start)             # [b, n, V]
     out = predicted_logprobs(pred, ids, with_entropy=with_entropy, temperature=temperature,
                              start=start, entropy_grad=entropy_grad)
@@ -417,10 +423,18 @@ def _token_stats(module, params, mb, mesh, rules, start: int, *, chunk: int,
                    method=_predictor_hidden)                                # [b, n, E]
   h = _constrain(h, ("activation_batch", "activation_length", "activation_embed"), mesh, rules)
   head, transposed = lm_head_weight(cfg, params)
+  if mesh.devices.size > 1:
+    # Gathered once for all chunks: left FSDP-sharded, the weight is a loop constant of the
+    # chunk scan that XLA all-gathered in every chunk, and its gradient was reduce-scattered
+    # in every chunk (XLA:GPU's plan of a 7B update on 8 H100s: 8.7 of its 26.9 TB of
+    # traffic a step, docs/results/memory/). Replicated, the chunks accumulate the gradient
+    # locally and the constraint's transpose reduce-scatters it once.
+    head = _constrain(head, (None, None), mesh, rules)
   # `head_backward` 'auto': reduced-precision compute (the accelerator presets) takes the
   # hand-written chunk backward; float32 (the CPU defaults) keeps autodiff's.
   fused = use_fused_backward(head_backward, cfg.compute_dtype, entropy_grad)
-  out = chunked_head_logprobs(h, head, ids[:, start + 1:], chunk=chunk, transposed=transposed,
+  out = chunked_head_logprobs(h, head, ids[:, start + 1:], chunk=chunk * (b // rows),
+                              transposed=transposed,
                               temperature=temperature, with_entropy=with_entropy,
                               entropy_grad=entropy_grad, with_hits=with_hits, fused=fused)
   return {k: pad(v) for k, v in out.items()}
