@@ -16,7 +16,6 @@ counts the body once and is reported in `Traffic.uncounted_loops`.
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
 from typing import Optional
 
