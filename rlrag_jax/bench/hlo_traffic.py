@@ -24,7 +24,7 @@ _BITS = {"pred": 8, "s1": 8, "u1": 8, "s2": 8, "u2": 8, "s4": 8, "u4": 8, "s8": 
          "s16": 16, "u16": 16, "f16": 16, "bf16": 16, "s32": 32, "u32": 32, "f32": 32,
          "s64": 64, "u64": 64, "f64": 64, "c64": 64, "c128": 128, "token": 0}
 _FREE = {"parameter", "constant", "tuple", "get-tuple-element", "bitcast", "after-all",
-         "partition-id", "replica-id", "iota-free", "opt-barrier"}
+         "partition-id", "replica-id", "opt-barrier"}
 _ARRAY = re.compile(r"\b([a-z]+[0-9]*(?:e[0-9]m[0-9][a-z]*)?)\[([0-9,]*)\]")
 _HEADER = re.compile(r"^(ENTRY\s+)?%([\w.\-]+)\s*\((.*)\)\s*->\s*(.*?)\s*\{\s*$")
 _INSTR = re.compile(r"^\s*(ROOT\s+)?%([\w.\-]+)\s*=\s*(.*)$")
