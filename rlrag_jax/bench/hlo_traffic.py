@@ -16,6 +16,7 @@ counts the body once and is reported in `Traffic.uncounted_loops`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from typing import Optional
 
@@ -74,6 +75,20 @@ class Computation:
   @property
   def root(self) -> Instruction:
     return next(i for i in self.instructions.values() if i.root)
+
+  @functools.cached_property
+  def users(self) -> dict:
+    """{instruction name: the instructions that read it}."""
+    out = {}
+    for i in self.instructions.values():
+      for o in i.operands:
+        out.setdefault(o, []).append(i)
+    return out
+
+  @functools.cached_property
+  def params(self) -> dict:
+    """{parameter number: its instruction}."""
+    return {int(i.args): i for i in self.instructions.values() if i.opcode == "parameter"}
 
 
 def _split_type_and_op(rest: str):
@@ -184,8 +199,8 @@ def _in_place(comps: dict, ins: Instruction) -> Optional[tuple]:
     return None
   roots = [fused.root] if fused.root.opcode == "dynamic-update-slice" else \
       [fused.instructions[o] for o in fused.root.operands]
-  params = {i.name: int(i.args) for i in fused.instructions.values() if i.opcode == "parameter"}
-  buffers = {params[r.operands[0]] for r in roots if r.operands[0] in params}
+  numbers = {i.name: k for k, i in fused.params.items()}
+  buffers = {numbers[r.operands[0]] for r in roots if r.operands[0] in numbers}
   if len(buffers) != len(roots):
     return None
   return buffers, update
@@ -198,12 +213,8 @@ def _read_bytes(fused: Computation, number: int, full: int) -> int:
   """Bytes a fusion reads of its parameter `number`: the slices taken of it when every use
   (through bitcasts) is a slice, dynamic-slice or gather (a kernel reads only those
   elements), else all of it."""
-  users = {}
-  for i in fused.instructions.values():
-    for o in i.operands:
-      users.setdefault(o, []).append(i)
-  start = next((i for i in fused.instructions.values()
-                if i.opcode == "parameter" and int(i.args) == number), None)
+  users = fused.users
+  start = fused.params.get(number)
   if start is None:
     return full
   taken, frontier = 0, [start]
@@ -260,7 +271,7 @@ def _charge(comps: dict, comp: Computation, times: int, counts: dict) -> int:
       if body is not None:
         total += _charge(comps, body, times * trips, counts)
       continue
-    if ins.opcode in ("call", "conditional", "async-start") and _called(ins.attrs, "to_apply"):
+    if ins.opcode == "call" and _called(ins.attrs, "to_apply"):
       inner = comps.get(_called(ins.attrs, "to_apply"))
       if inner is not None:
         total += _charge(comps, inner, times, counts)
