@@ -124,10 +124,7 @@ def _head_stats(h: Array, head: Array, targets: Array, *, transposed: bool, temp
 
   `head` is [E, V] (an untied LM head's kernel) or, with `transposed`, [V, E] (a tied
   embedding); both are already in the compute dtype, and reduced dtypes accumulate in f32."""
-  spec = "bce,ve->bcv" if transposed else "bce,ev->bcv"
-  logits = jnp.einsum(spec, h, head, preferred_element_type=jnp.float32)   # [B, C, V]
-  if temperature != 1.0:
-    logits = logits / temperature
+  logits = _head_logits(h, head, transposed, temperature)                 # [B, C, V]
   out = {"lp": token_logprobs(logits, targets)}
   if with_entropy:
     out["ent"] = token_entropy(logits if entropy_grad else jax.lax.stop_gradient(logits))
