@@ -21,8 +21,10 @@ trainer (`rlrag_jax.trainer`) reads these sections for every method:
             remat, attention_block (> 0: key-blocked attention with an online softmax, no
             [T, S] score matrix: for long contexts; 0: dense), scan_layers (the blocks of the
             update and log-prob forward as one lax.scan over stacked params: one layer
-            compiled and, under FSDP, gathered at a time; the sampler stays unrolled), and the
-            from-scratch shape
+            compiled and, under FSDP, gathered at a time; the sampler stays unrolled),
+            decode_attention (the sampler's attention over the KV cache: 'xla', or 'pallas',
+            one Pallas kernel a layer made for GPUs, not yet run on one:
+            rlrag_jax/sampling/cache_attention.py), and the from-scratch shape
             (vocab_size is the size of the tokenizer trained on the world's text).
   mesh      data / fsdp / tensor axis sizes (-1: the rest of the devices).
   distributed  jax.distributed.initialize arguments for multi-host runs.
@@ -123,7 +125,7 @@ def trainer_config(method: str, workdir: str) -> ml_collections.ConfigDict:
       init="scratch", path="", chat_template=True, dtype="float32", param_dtype="float32",
       # A chat template that reads `enable_thinking` (Qwen3's): False renders the empty think
       # block, so the model answers directly; True lets it open <think> (models.lm.encode_prompt).
-      thinking=False, remat=False, scan_layers=False,
+      thinking=False, remat=False, scan_layers=False, decode_attention="xla",
       attention_block=0, vocab_size=2048, hidden_size=128, intermediate_size=384, num_layers=4, num_heads=4,
       num_kv_heads=2, head_dim=32, max_position_embeddings=1024))
 

@@ -179,6 +179,7 @@ def shared_rules() -> dict:
   from rlrag_jax.models import config as model_config
   from rlrag_jax.retrieval import index
   from rlrag_jax.rl import logprobs, train_step
+  from rlrag_jax.sampling import cache_attention
   from rlrag_jax.rl.kl import KL_ESTIMATORS
   from rlrag_jax.rl.losses import AGGREGATIONS
   from rlrag_jax.training import learners, stages, steps
@@ -211,6 +212,7 @@ def shared_rules() -> dict:
       "model.param_dtype": OneOf(model_config.DTYPES),
       "model.thinking": BOOL,                        # models.lm.encode_prompt
       "model.attention_block": COUNT_OR_OFF,
+      "model.decode_attention": OneOf(cache_attention.IMPLS),
       "model.vocab_size": COUNT,
       "model.hidden_size": COUNT,
       "model.intermediate_size": COUNT,

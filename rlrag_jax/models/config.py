@@ -82,6 +82,8 @@ class ModelConfig:
   scan_layers: bool = False             # the cache-free forward (updates, log-probs) runs
                                         # the blocks as one `lax.scan` over their stacked
                                         # params: one layer compiled, and gathered, at a time
+  decode_attention: str = "xla"         # the sampler's decode-step attention over the KV
+                                        # cache: 'xla' | 'pallas' (sampling.cache_attention)
 
   @property
   def compute_dtype(self):

@@ -7,7 +7,8 @@ arranged for CPU decode speed, where each step streams every weight once for a h
     (`pack_params`, once per generate call, outside the loop), so a layer is 4 matmuls, not 7;
   * attention over the cache is an elementwise product + reduction over the [B, S, K, D] layout,
     which XLA fuses into one pass, instead of a batched dot that first transposes the whole cache
-    of every layer on every step.
+    of every layer on every step (`config.decode_attention` 'xla'; 'pallas' is one kernel a
+    layer for GPUs: `sampling.cache_attention`).
 
 Numerics follow `DecoderLM` (RMSNorm and softmax in f32, matmuls in the compute dtype); the
 sampler's tests compare both against `transformers`. Param-driven: biases are used where the
@@ -24,6 +25,7 @@ import numpy as np
 
 from rlrag_jax.models.config import ModelConfig
 from rlrag_jax.models.decoder import accumulates_in_f32, apply_rope, rope_inv_freq
+from rlrag_jax.sampling import cache_attention
 
 
 def _flat_kernel(w):
@@ -89,7 +91,6 @@ def decode_step(config: ModelConfig, packed, tokens, active, cache):
   dt = config.compute_dtype
   b = tokens.shape[0]
   h, kh, d, e = config.num_heads, config.num_kv_heads, config.head_dim, config.hidden_size
-  g = h // kh
   index = cache["index"]
   # RoPE position = number of real tokens before this one (left padding safe).
   pos = jnp.sum(cache["mask"].astype(jnp.int32), axis=1)                  # [B]
@@ -101,7 +102,7 @@ def decode_step(config: ModelConfig, packed, tokens, active, cache):
   # The mask as an additive bias, once per step: s + 0 is s and s + neg rounds to neg (|s| is
   # far below neg's ulp), so every layer's softmax sees what `where(mask, s, neg)` gives, and
   # the add fuses into the score reduction instead of a select pass over [B, S, K, G].
-  key_bias = jnp.where(key_mask, np.float32(0), neg)[:, :, None, None]    # [B, S, 1, 1]
+  key_bias = jnp.where(key_mask, np.float32(0), neg)                      # [B, S]
   scale = np.float32(1.0 / math.sqrt(d))
 
   x = packed["embed"][tokens].astype(dt)                                   # [B, E]
@@ -121,11 +122,8 @@ def decode_step(config: ModelConfig, packed, tokens, active, cache):
     ck = jax.lax.dynamic_update_slice(lc["k"], k[:, None].astype(lc["k"].dtype), (0, index, 0, 0))
     cv = jax.lax.dynamic_update_slice(lc["v"], v[:, None].astype(lc["v"].dtype), (0, index, 0, 0))
     new_layers.append({"k": ck, "v": cv})
-    qg = q.reshape(b, 1, kh, g, d).astype(jnp.float32)
-    scores = jnp.sum(qg * ck[:, :, :, None, :].astype(jnp.float32), axis=-1) * scale  # [B,S,K,G]
-    scores = scores + key_bias
-    probs = jax.nn.softmax(scores, axis=1).astype(dt)
-    out = jnp.sum(probs[..., None] * cv[:, :, :, None, :].astype(dt), axis=1)  # [B, K, G, D]
+    out = cache_attention.attend(q, ck, cv, key_bias, scale,
+                                 config.decode_attention)                  # [B, K, G, D]
     y = _mm(out.reshape(b, h * d), lp["o"], config)
     if "o_bias" in lp:
       y = y + lp["o_bias"]

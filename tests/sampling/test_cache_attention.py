@@ -1,0 +1,123 @@
+"""The decode step's attention over the KV cache (rlrag_jax.sampling.cache_attention): the Pallas
+kernel (in Pallas' interpreter on CPU) and the XLA path against a float64 reference, the
+kernel's GPU lowering, and the sampler with either."""
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rlrag_jax.models import init_cache
+from rlrag_jax.models.config import ModelConfig
+from rlrag_jax.models.decoder import DecoderLM, init_params
+from rlrag_jax.sampling import cache_attention, fast_decode, prefill, sampler
+
+NEG = np.finfo(np.float32).min
+
+
+def _reference(q, ck, cv, mask, scale):
+  """Softmax attention in float64 numpy: q [B,H,D], caches [B,S,K,D], mask [B,S] -> [B,K,G,D]."""
+  q, ck, cv = (np.asarray(x, np.float64) for x in (q, ck, cv))
+  b, h, d = q.shape
+  kh = ck.shape[2]
+  qg = q.reshape(b, kh, h // kh, d)
+  s = np.einsum("bkgd,bskd->bkgs", qg, ck) * scale
+  s = np.where(mask[:, None, None, :], s, -np.inf)
+  empty = (~mask).all(axis=1)                       # a row with no slot: uniform over S
+  s = np.where(empty[:, None, None, None], 0.0, s)
+  p = np.exp(s - s.max(-1, keepdims=True))
+  p /= p.sum(-1, keepdims=True)
+  return np.einsum("bkgs,bskd->bkgd", p, cv)
+
+
+def _inputs(b, s, kh, g, d, dtype, seed=0):
+  rs = np.random.RandomState(seed)
+  q, ck, cv = (jnp.asarray(rs.randn(*shape), jnp.float32).astype(dtype)
+               for shape in ((b, kh * g, d), (b, s, kh, d), (b, s, kh, d)))
+  mask = np.ones((b, s), bool)
+  mask[1, :s // 2 + 3] = False      # left padding past the first key block
+  if b > 2:
+    mask[2, s - 5:] = False         # free slots at the end
+  if b > 3:
+    mask[3] = False                 # a row with no slot: both give the mean of its values
+  bias = jnp.asarray(np.where(mask, 0.0, NEG), jnp.float32)
+  return q, ck, cv, mask, bias
+
+
+@pytest.mark.parametrize("kh,g,s,block", [(2, 7, 40, 16), (1, 4, 64, 32), (4, 1, 33, 16),
+                                          (2, 16, 50, 128)])
+def test_both_implementations_match_a_float64_reference(kh, g, s, block):
+  """Grouped queries padded to the kernel's 16-row tile (g 7, 4, 1) or not (16), a cache length
+  that is not a multiple of the key block (a masked tail), left padding, an empty row."""
+  q, ck, cv, mask, bias = _inputs(4, s, kh, g, 16, jnp.float32)
+  scale = 1 / math.sqrt(16)
+  want = _reference(q, ck, cv, mask, scale)
+  xla = cache_attention.attend(q, ck, cv, bias, scale, "xla")
+  pal = cache_attention.attend(q, ck, cv, bias, scale, "pallas", block=block)
+  assert xla.shape == pal.shape == (4, kh, g, 16) and pal.dtype == jnp.float32
+  np.testing.assert_allclose(np.asarray(xla), want, atol=2e-6, rtol=1e-5)
+  np.testing.assert_allclose(np.asarray(pal), want, atol=2e-6, rtol=1e-5)
+
+
+def test_bfloat16_cache_within_rounding():
+  q, ck, cv, mask, bias = _inputs(3, 48, 2, 7, 32, jnp.bfloat16, seed=1)
+  want = _reference(q, ck, cv, mask, 1 / math.sqrt(32))
+  pal = cache_attention.attend(q, ck, cv, bias, 1 / math.sqrt(32), "pallas", block=16)
+  assert pal.dtype == jnp.bfloat16
+  # probabilities cast to bf16 before the value sum, the output rounded to bf16
+  np.testing.assert_allclose(np.asarray(pal, np.float64), want, atol=2e-2, rtol=2e-2)
+
+
+def test_gpu_lowering_is_one_triton_kernel_and_cpu_the_interpreter():
+  """Lowered for CUDA (no GPU or plugin needed) the kernel is a Triton custom call with no loop
+  around it; lowered for CPU it is Pallas' interpreter (a loop over the grid)."""
+  q = jax.ShapeDtypeStruct((8, 14, 64), jnp.bfloat16)
+  c = jax.ShapeDtypeStruct((8, 300, 2, 64), jnp.bfloat16)
+  bias = jax.ShapeDtypeStruct((8, 300), jnp.float32)
+  f = jax.jit(lambda q, k, v, b: cache_attention.attend(q, k, v, b, 0.125, "pallas"))
+  gpu = f.trace(q, c, c, bias).lower(lowering_platforms=("cuda",)).as_text()
+  cpu = f.trace(q, c, c, bias).lower(lowering_platforms=("cpu",)).as_text()
+  assert gpu.count("__gpu$xla.gpu.triton") == 1 and "stablehlo.while" not in gpu
+  assert "triton" not in cpu and "stablehlo.while" in cpu
+
+
+def test_shapes_the_kernel_cannot_tile_are_refused():
+  q, ck, cv, _, bias = _inputs(2, 20, 2, 2, 8, jnp.float32)
+  with pytest.raises(ValueError, match="head_dim 8 must be a power of two >= 16"):
+    cache_attention.attend(q, ck, cv, bias, 0.3, "pallas")
+  q, ck, cv, _, bias = _inputs(2, 20, 2, 2, 16, jnp.float32)
+  with pytest.raises(ValueError, match="block 24 must be a power of two"):
+    cache_attention.attend(q, ck, cv, bias, 0.3, "pallas", block=24)
+  with pytest.raises(ValueError, match="decode attention 'flash': expected one of"):
+    cache_attention.attend(q, ck, cv, bias, 0.3, "flash")
+
+
+def _tiny(decode_attention):
+  return ModelConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_layers=2,
+                     num_heads=4, num_kv_heads=2, head_dim=16, attention_bias=True,
+                     decode_attention=decode_attention)
+
+
+def test_decode_step_and_greedy_sampling_equal_with_either_attention():
+  """The sampler's decode step with the kernel gives the XLA path's logits (float32) and the
+  same greedy continuations."""
+  cfg_x, cfg_p = _tiny("xla"), _tiny("pallas")
+  params = init_params(DecoderLM(cfg_x), jax.random.PRNGKey(3))
+  rng = np.random.default_rng(3)
+  ids = jnp.asarray(rng.integers(3, 97, (3, 7)), jnp.int32)
+  mask = jnp.asarray([[0, 0, 1, 1, 1, 1, 1], [1] * 7, [0, 0, 0, 0, 0, 1, 1]], jnp.bool_)
+  _, cache = prefill(cfg_x, params, ids, mask, init_cache(cfg_x, 3, 12))
+  tok, active = jnp.asarray([5, 7, 11], jnp.int32), jnp.asarray([True, True, False])
+  outs = [fast_decode.decode_step(c, fast_decode.pack_params(c, params), tok, active,
+                                  jax.tree_util.tree_map(jnp.copy, cache))
+          for c in (cfg_x, cfg_p)]
+  (lx, cx), (lp, cp) = outs
+  np.testing.assert_allclose(np.asarray(lp), np.asarray(lx), atol=1e-5, rtol=1e-5)
+  assert np.array_equal(np.asarray(cx["mask"]), np.asarray(cp["mask"]))
+  for a, b in zip(jax.tree_util.tree_leaves(cx["layers"]), jax.tree_util.tree_leaves(cp["layers"])):
+    np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=1e-5, rtol=1e-5)
+  prompts = [list(map(int, rng.integers(3, 97, n))) for n in (3, 6, 5)]
+  gen = [sampler.generate_with_params(c, params, prompts, max_new_tokens=6, temperature=0.0,
+                                      eos_ids=(), rng=0) for c in (cfg_x, cfg_p)]
+  assert np.array_equal(np.asarray(gen[0].tokens), np.asarray(gen[1].tokens))
