@@ -6,8 +6,10 @@
 Measured on whatever device jax sees first (made for one H100), against the hardware:
 
   sampler   greedy decoding of exactly `--new-tokens` tokens (no EOS) from `--prompt` random
-            prompt tokens, batch 64 and 256, with the Qwen2.5-0.5B shape (random weights, bf16):
-            tok/s; the same with `transformers` `generate` on the same GPU (bf16, its own random
+            prompt tokens, batch 64 and 256, with the Qwen2.5-0.5B shape (random weights, bf16),
+            with each decode attention of `--decode-attention` (on a GPU both 'xla' and the
+            Pallas kernel, `sampling.cache_attention`, with the share of greedy tokens the two
+            agree on): tok/s; the same with `transformers` `generate` on the same GPU (bf16, its own random
             weights of the same shape: timing does not depend on their values; a subprocess, so
             torch and jax do not share the GPU); and the decode roofline: tok/s if every step
             read the bf16 weights and the live KV cache once at the measured copy bandwidth
@@ -151,76 +153,102 @@ def _peak_bytes() -> float:
 
 
 # ------------------------------------------------------------------------------------ sampler
-def bench_sampler(spec: dict, dev: dict, clock: Clock, profile: str = "") -> list:
+def default_decode_attentions() -> tuple:
+  """The decode attentions the sampler section times: both on a GPU, 'xla' elsewhere (the
+  Pallas kernel runs in the interpreter off a GPU: `sampling.cache_attention`)."""
+  import jax
+  return ("xla", "pallas") if jax.default_backend() == "gpu" else ("xla",)
+
+
+def bench_sampler(spec: dict, dev: dict, clock: Clock, profile: str = "",
+                  attentions: tuple = ("xla",)) -> list:
+  """Rows per (decode attention, batch); a 'pallas' row also gives the share of its greedy
+  tokens equal to the 'xla' row's (`tokens_equal_xla`: bf16 rounding may flip near-ties)."""
+  import jax
+  from rlrag_jax.models.decoder import DecoderLM, init_params
+  base = _model_config(spec)
+  params = init_params(DecoderLM(base), jax.random.PRNGKey(0))
+  rows, tokens = [], {}
+  for impl in attentions:
+    cfg = base.replace(decode_attention=impl)
+    for b in spec["batches"]:
+      if clock.left() < 45:
+        _say(f"[sampler] {impl} attention, batch {b}: skipped (budget)")
+        continue
+      row, out_tokens = _sampler_row(cfg, params, spec, dev, b, profile)
+      tokens[impl, b] = out_tokens
+      if impl != "xla" and ("xla", b) in tokens:
+        row["tokens_equal_xla"] = float((out_tokens == tokens["xla", b]).mean())
+      rows.append(row)
+      _say(f"[sampler] {impl} attention, batch {b}: {row['tok_s']:,.0f} tok/s "
+           f"({row['seconds']:.3f} s per call; first call {row['first_call_s']:.1f} s with "
+           f"compile); roofline {row['roofline_tok_s']:,.0f} tok/s at the measured copy "
+           f"bandwidth ({row['frac_roofline']:.1%}), {row['roofline_datasheet_tok_s']:,.0f} at "
+           f"{H100_HBM_TBS} TB/s; per step: loop {row['loop_step_ms']:.2f} ms, decode step "
+           f"alone {row['decode_step_ms']:.2f} ms"
+           + (f"; greedy tokens equal to xla's: {row['tokens_equal_xla']:.1%}"
+              if "tokens_equal_xla" in row else ""))
+  return rows
+
+
+def _sampler_row(cfg, params, spec: dict, dev: dict, b: int, profile: str) -> tuple:
   import jax
   import jax.numpy as jnp
   import numpy as np
-  from rlrag_jax.models.decoder import DecoderLM, init_cache, init_params
+  from rlrag_jax.models.decoder import init_cache
   from rlrag_jax.sampling import fast_decode, sampler
-  cfg = _model_config(spec)
-  params = init_params(DecoderLM(cfg), jax.random.PRNGKey(0))
-  rows = []
-  for b in spec["batches"]:
-    if clock.left() < 45:
-      _say(f"[sampler] batch {b}: skipped (budget)")
-      continue
-    rng = np.random.default_rng(b)
-    prompts = rng.integers(3, cfg.vocab_size, (b, spec["prompt"])).tolist()
-    gen = lambda seed: sampler.generate_with_params(
-        cfg, params, prompts, max_new_tokens=spec["new_tokens"], temperature=0.0, eos_ids=(),
-        rng=seed)
+  rng = np.random.default_rng(b)
+  prompts = rng.integers(3, cfg.vocab_size, (b, spec["prompt"])).tolist()
+  gen = lambda seed: sampler.generate_with_params(
+      cfg, params, prompts, max_new_tokens=spec["new_tokens"], temperature=0.0, eos_ids=(),
+      rng=seed)
+  t = time.perf_counter()
+  out = gen(0)
+  first = time.perf_counter() - t
+  assert out.tokens.shape == (b, spec["new_tokens"]) and bool(np.all(out.mask))
+  times = []
+  for i in range(spec["steps"]):
     t = time.perf_counter()
-    out = gen(0)
-    first = time.perf_counter() - t
-    assert out.tokens.shape == (b, spec["new_tokens"]) and bool(np.all(out.mask))
-    times = []
-    for i in range(spec["steps"]):
-      t = time.perf_counter()
-      gen(i + 1)
-      times.append(time.perf_counter() - t)
-    sec = float(np.median(times))
-    tok_s = b * spec["new_tokens"] / sec
-    # One decode step alone: the loop's share = (loop time / steps) - step time.
-    packed = jax.jit(lambda p: fast_decode.pack_params(cfg, p))(params)
-    length = spec["prompt"] + spec["new_tokens"]
-    cache = jax.jit(lambda: init_cache(cfg, b, length), out_shardings=None)()
-    cache["mask"] = cache["mask"].at[:, :spec["prompt"] + spec["new_tokens"] // 2].set(True)
-    cache["index"] = jnp.int32(spec["prompt"] + spec["new_tokens"] // 2)
-    step = jax.jit(fast_decode.decode_step, static_argnums=0, donate_argnums=4)
-    toks, act = jnp.zeros((b,), jnp.int32), jnp.ones((b,), jnp.bool_)
+    gen(i + 1)
+    times.append(time.perf_counter() - t)
+  sec = float(np.median(times))
+  tok_s = b * spec["new_tokens"] / sec
+  # One decode step alone: the loop's share = (loop time / steps) - step time.
+  packed = jax.jit(lambda p: fast_decode.pack_params(cfg, p))(params)
+  length = spec["prompt"] + spec["new_tokens"]
+  cache = jax.jit(lambda: init_cache(cfg, b, length), out_shardings=None)()
+  cache["mask"] = cache["mask"].at[:, :spec["prompt"] + spec["new_tokens"] // 2].set(True)
+  cache["index"] = jnp.int32(spec["prompt"] + spec["new_tokens"] // 2)
+  step = jax.jit(fast_decode.decode_step, static_argnums=0, donate_argnums=4)
+  toks, act = jnp.zeros((b,), jnp.int32), jnp.ones((b,), jnp.bool_)
+  logits, cache = step(cfg, packed, toks, act, cache)
+  cache["index"] = jnp.int32(spec["prompt"] + spec["new_tokens"] // 2)
+  logits.block_until_ready()
+  n = 20
+  t = time.perf_counter()
+  for _ in range(n):
     logits, cache = step(cfg, packed, toks, act, cache)
     cache["index"] = jnp.int32(spec["prompt"] + spec["new_tokens"] // 2)
-    logits.block_until_ready()
-    n = 20
-    t = time.perf_counter()
-    for _ in range(n):
-      logits, cache = step(cfg, packed, toks, act, cache)
-      cache["index"] = jnp.int32(spec["prompt"] + spec["new_tokens"] // 2)
-    logits.block_until_ready()
-    step_s = (time.perf_counter() - t) / n
-    if profile:      # a trace of a few decode steps: the kernels of one step and their times
-      with jax.profiler.trace(str(pathlib.Path(profile) / f"decode_b{b}")):
-        for _ in range(5):
-          logits, cache = step(cfg, packed, toks, act, cache)
-          cache["index"] = jnp.int32(spec["prompt"] + spec["new_tokens"] // 2)
-        logits.block_until_ready()
-    del cache, packed
-    roof = decode_roofline_tok_s(cfg, b, spec["prompt"], spec["new_tokens"],
-                                 dev["copy_bandwidth_tbs"] * 1e12)
-    roof_ds = decode_roofline_tok_s(cfg, b, spec["prompt"], spec["new_tokens"],
-                                    H100_HBM_TBS * 1e12)
-    row = dict(batch=b, prompt=spec["prompt"], new_tokens=spec["new_tokens"], seconds=sec,
-               first_call_s=first, tok_s=tok_s, roofline_tok_s=roof,
-               roofline_datasheet_tok_s=roof_ds, frac_roofline=tok_s / roof,
-               loop_step_ms=1e3 * sec / spec["new_tokens"], decode_step_ms=1e3 * step_s,
-               decode_step_alone_tok_s=b / step_s)
-    rows.append(row)
-    _say(f"[sampler] batch {b}: {tok_s:,.0f} tok/s ({sec:.3f} s per call; first call "
-         f"{first:.1f} s with compile); roofline {roof:,.0f} tok/s at the measured copy "
-         f"bandwidth ({tok_s / roof:.1%}), {roof_ds:,.0f} at {H100_HBM_TBS} TB/s "
-         f"({tok_s / roof_ds:.1%}); per step: loop {row['loop_step_ms']:.2f} ms, decode step "
-         f"alone {row['decode_step_ms']:.2f} ms")
-  return rows
+  logits.block_until_ready()
+  step_s = (time.perf_counter() - t) / n
+  if profile:      # a trace of a few decode steps: the kernels of one step and their times
+    with jax.profiler.trace(str(pathlib.Path(profile) / f"decode_{cfg.decode_attention}_b{b}")):
+      for _ in range(5):
+        logits, cache = step(cfg, packed, toks, act, cache)
+        cache["index"] = jnp.int32(spec["prompt"] + spec["new_tokens"] // 2)
+      logits.block_until_ready()
+  del cache, packed
+  roof = decode_roofline_tok_s(cfg, b, spec["prompt"], spec["new_tokens"],
+                               dev["copy_bandwidth_tbs"] * 1e12)
+  roof_ds = decode_roofline_tok_s(cfg, b, spec["prompt"], spec["new_tokens"],
+                                  H100_HBM_TBS * 1e12)
+  row = dict(batch=b, decode_attention=cfg.decode_attention, prompt=spec["prompt"],
+             new_tokens=spec["new_tokens"], seconds=sec,
+             first_call_s=first, tok_s=tok_s, roofline_tok_s=roof,
+             roofline_datasheet_tok_s=roof_ds, frac_roofline=tok_s / roof,
+             loop_step_ms=1e3 * sec / spec["new_tokens"], decode_step_ms=1e3 * step_s,
+             decode_step_alone_tok_s=b / step_s)
+  return row, np.asarray(out.tokens)
 
 
 HF_SCRIPT = r"""
@@ -354,8 +382,9 @@ def bench_memory_plan(spec: dict, clock: Clock) -> list:
   if clock.left() > 60:
     rows += memory.run(shape, parts=("update",), vocab=32000 if shape in memory.SHAPES else 1024,
                        **kw)
-  rows += memory.run(shape, parts=("decode",), decode_batch=spec["batches"][-1],
-                     cached=spec["prompt"] + spec["new_tokens"], **kw)
+  for impl in default_decode_attentions():
+    rows += memory.run(shape, parts=("decode",), decode_batch=spec["batches"][-1],
+                       cached=spec["prompt"] + spec["new_tokens"], decode_attention=impl, **kw)
   _say("[memory] XLA's analysis, compiled for this device:")
   _say(memory.format_rows(rows))
   return rows
@@ -416,7 +445,8 @@ def summary(res: dict) -> str:
     ref = hf.get(r["batch"])
     vs = f"; HF generate {ref['tok_s']:,.0f} tok/s, ratio {r['tok_s'] / ref['tok_s']:.1f}x" \
         if ref else ""
-    lines.append(f"  sampler batch {r['batch']}: {r['tok_s']:,.0f} tok/s = "
+    lines.append(f"  sampler {r.get('decode_attention', 'xla')} attention, batch "
+                 f"{r['batch']}: {r['tok_s']:,.0f} tok/s = "
                  f"{r['frac_roofline']:.1%} of the decode roofline "
                  f"({r['roofline_tok_s']:,.0f}){vs}")
   u = res.get("update")
@@ -441,6 +471,9 @@ def main(argv=None) -> int:
   ap.add_argument("--profile", default="",
                   help="folder for a jax.profiler trace of five decode steps per batch size "
                   "(open with TensorBoard's profile plugin or xprof)")
+  ap.add_argument("--decode-attention", default="",
+                  help="comma list of the sampler's decode attentions to time (xla, pallas; "
+                  "default: both on a GPU, xla elsewhere)")
   ap.add_argument("--sections", default="sampler,hf,update,memory,main",
                   help="comma list of sampler, hf, update, memory, main")
   args = ap.parse_args(argv)
@@ -466,7 +499,9 @@ def main(argv=None) -> int:
                                   H100_BF16_TFLOPS, device="?", backend="?", jax="?")
   _say(f"[device] {dev}")
   if "sampler" in sections:
-    attempt("sampler", lambda: bench_sampler(spec, dev, clock, args.profile))
+    impls = tuple(a for a in args.decode_attention.split(",") if a) or \
+        default_decode_attentions()
+    attempt("sampler", lambda: bench_sampler(spec, dev, clock, args.profile, impls))
   if "update" in sections:
     attempt("update", lambda: bench_update(spec, dev, clock))
   if "main" in sections:

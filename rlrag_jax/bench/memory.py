@@ -38,8 +38,9 @@ per device) and cost analysis (flops, bytes accessed: per device), beside an ide
            prompt half of `--tokens`. Ideal: arguments (params and cache) + the new KV.
   decode   one decode step of the sampler's loop (`sampling.fast_decode.decode_step` over the
            packed compute-dtype weights), `--decode-batch` rows over `--cached` cached tokens,
-           the cache donated. Ideal bytes accessed: the packed weights + the whole KV cache read
-           once + the new KV slot written + the logits.
+           the cache donated; `--decode-attention pallas` with the attention as one Pallas
+           kernel a layer (`sampling.cache_attention`). Ideal bytes accessed: the packed
+           weights + the whole KV cache read once + the new KV slot written + the logits.
 
 `--devices D` (> 1) runs on D host devices (`--xla_force_host_platform_device_count`) with the
 presets' FSDP mesh (data=1, fsdp=D): the per-device figures of an 8-way sharded 7B, from a
@@ -95,7 +96,7 @@ class ShapeError(ValueError):
 def model_config(shape: str, *, vocab: Optional[int] = None, dtype: str = "bfloat16",
                  param_dtype: str = "float32", remat: bool = True, attention_block: int = 512,
                  scan_layers: bool = False,
-                 layers: Optional[int] = None):
+                 layers: Optional[int] = None, decode_attention: str = "xla"):
   """A `ModelConfig` from a SHAPES name or an HF config.json path, with the accelerator
   presets' numerics (`config_base.use_hf_model`; `scan_layers` off unless asked, the model's
   default); `vocab` replaces the vocabulary size, `layers` the number of decoder layers."""
@@ -121,7 +122,7 @@ def model_config(shape: str, *, vocab: Optional[int] = None, dtype: str = "bfloa
   except (ValueError, TypeError, KeyError) as e:
     raise ShapeError(f"{e} (a decoder LM's config.json is needed)") from None
   over = dict(dtype=dtype, param_dtype=param_dtype, remat=remat, attention_block=attention_block,
-              scan_layers=scan_layers)
+              scan_layers=scan_layers, decode_attention=decode_attention)
   if vocab:
     over["vocab_size"] = int(vocab)
   if layers:
@@ -383,7 +384,8 @@ def compile_decode(cfg, mesh, batch: int, cached: int) -> dict:
   step = jax.jit(fast_decode.decode_step, static_argnums=0, donate_argnums=4)
   compiled, secs = _timed_compile(step, cfg, packed, tokens, active, cache)
   return _row("decode", compiled, decode_ideal_bytes(cfg, batch, cached), 1, compile_s=secs,
-              sequences=batch, tokens=cached, vocab=cfg.vocab_size)
+              sequences=batch, tokens=cached, vocab=cfg.vocab_size,
+              decode_attention=cfg.decode_attention)
 
 
 def run(shape: str, *, sequences: int = 64, tokens: int = 512, micro_batches: int = 1,
@@ -391,13 +393,14 @@ def run(shape: str, *, sequences: int = 64, tokens: int = 512, micro_batches: in
         decode_batch: int = 256, cached: int = 512, parts=("update", "prefill", "decode"),
         remat: bool = True, attention_block: int = 512, logits_start: int = 0,
         devices=None, tokens_per_micro_batch: int = 0, layers: Optional[int] = None,
-        scan_layers: bool = False, head_backward: str = "auto") -> list:
+        scan_layers: bool = False, head_backward: str = "auto",
+        decode_attention: str = "xla") -> list:
   """The rows of every requested part for one shape; the update is FSDP-sharded over
   `devices` (default: every jax device), prefill and decode run on the first."""
   import jax
   from rlrag_jax.models import sharding as shd
   cfg = model_config(shape, vocab=vocab, remat=remat, attention_block=attention_block,
-                     layers=layers, scan_layers=scan_layers)
+                     layers=layers, scan_layers=scan_layers, decode_attention=decode_attention)
   mesh = shd.make_mesh(data=1, fsdp=-1, tensor=1,
                        devices=jax.devices() if devices is None else devices)
   rows = []
@@ -473,8 +476,9 @@ def vocab_targets(rows_big: list, rows_small: list, temp_limit_gib: float = 6.0,
 
 def decode_target(rows: list, limit: float = 1.5) -> Target:
   d = next(r for r in rows if r["name"] == "decode")
-  return Target(f"{d['shape']} decode step, batch {d['sequences']}, {d['tokens']} cached: "
-                "bytes accessed / ideal", d["bytes_accessed"] / d["ideal_bytes"], limit, "x")
+  return Target(f"{d['shape']} decode step, batch {d['sequences']}, {d['tokens']} cached, "
+                f"{d.get('decode_attention', 'xla')} attention: bytes accessed / ideal",
+                d["bytes_accessed"] / d["ideal_bytes"], limit, "x")
 
 
 def per_device_target(rows: list, limit_gib: float = 40.0) -> Target:
@@ -521,6 +525,9 @@ def main(argv=None) -> int:
   ap.add_argument("--decode-batch", type=int, default=256)
   ap.add_argument("--cached", type=int, default=512, help="KV-cache slots of the decode step")
   ap.add_argument("--parts", default="update,prefill,decode")
+  ap.add_argument("--decode-attention", choices=("xla", "pallas"), default="xla",
+                  help="the decode step's attention over the cache (model.decode_attention; "
+                  "'pallas': one kernel a layer, sampling.cache_attention)")
   ap.add_argument("--no-remat", action="store_true")
   ap.add_argument("--scan-layers", action="store_true",
                   help="the blocks as one lax.scan over their stacked params "
@@ -564,7 +571,8 @@ def main(argv=None) -> int:
                attention_block=args.attention_block, logits_start=args.logits_start,
                scan_layers=args.scan_layers,
                tokens_per_micro_batch=args.tokens_per_micro_batch, layers=args.layers,
-               devices=devs, head_backward=args.head_backward)
+               devices=devs, head_backward=args.head_backward,
+               decode_attention=args.decode_attention)
   except (ShapeError, gpu_plan.GpuPlanError) as e:
     print(f"bench.memory: {e}", file=sys.stderr)
     return 2
@@ -602,7 +610,7 @@ def _targets(args, devs) -> int:
   big = run("qwen2.5-0.5b", sequences=64, tokens=512, **one)
   small = run("qwen2.5-0.5b", sequences=64, tokens=512, vocab=32000, **one)
   dec = run("qwen2.5-0.5b", sequences=64, tokens=512, parts=("decode",), decode_batch=256,
-            cached=512, devices=devs[:1])
+            cached=512, devices=devs[:1], decode_attention=args.decode_attention)
   # The 7B as the paper presets train it: scanned blocks (`model.scan_layers`,
   # `config_base.use_hf_model`); the 0.5B rows on one device unrolled, its better setting there.
   seven = run("qwen2.5-7b", sequences=64, tokens=4096, micro_batches=2, parts=("update",),

@@ -11,13 +11,25 @@ def test_reduced_run_reports_every_figure(tmp_path):
   rc = accelerator.main(["--reduced", "--sections", "hf,sampler,update", "--out", str(tmp_path)])
   res = json.loads((tmp_path / "accelerator.json").read_text())
   assert rc == 0 and res["failed"] == []
-  (s,) = res["sampler"]
+  (s,) = res["sampler"]                     # off a GPU only the XLA decode attention
+  assert s["decode_attention"] == "xla" and "tokens_equal_xla" not in s
   assert s["tok_s"] > 0 and s["roofline_tok_s"] > 0 and s["decode_step_ms"] > 0
   assert s["frac_roofline"] == pytest.approx(s["tok_s"] / s["roofline_tok_s"])
   assert res["hf_generate"]["rows"][0]["batch"] == s["batch"]
   u = res["update"]
   assert u["skipped"] == 0.0 and u["tokens_per_s"] > 0 and u["micro_batches"] == 1
   assert u["mfu"] == pytest.approx(u["model_tflops"] / accelerator.H100_BF16_TFLOPS)
+
+
+def test_sampler_section_compares_the_pallas_decode_attention_with_xla():
+  """`--decode-attention xla,pallas` (on a GPU the default): a row per attention, the kernel's
+  with the share of its greedy tokens equal to XLA's (here the kernel's CPU interpreter)."""
+  clock = accelerator.Clock(600)
+  dev = dict(copy_bandwidth_tbs=1.0)
+  rows = accelerator.bench_sampler(accelerator.REDUCED, dev, clock, attentions=("xla", "pallas"))
+  assert [r["decode_attention"] for r in rows] == ["xla", "pallas"]
+  assert "tokens_equal_xla" not in rows[0] and 0.0 <= rows[1]["tokens_equal_xla"] <= 1.0
+  assert rows[1]["batch"] == rows[0]["batch"] and rows[1]["tok_s"] > 0
 
 
 def test_model_flops_and_roofline_by_hand():

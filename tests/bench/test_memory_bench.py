@@ -55,6 +55,17 @@ def test_update_memory_independent_of_vocab_and_decode_in_place(tmp_path):
   assert dec["ideal_bytes"] > cache_bytes and dec["bytes_accessed"] >= dec["ideal_bytes"] * 0.5
 
 
+def test_decode_with_the_pallas_attention_keeps_the_cache_in_place(tmp_path):
+  """`--decode-attention pallas` (on CPU the kernel's interpreter) compiles the same step with
+  the cache still donated and updated in place, and says which attention its row measured."""
+  wide = _write(tmp_path, dict(TINY, hidden_size=256, intermediate_size=512), "wide.json")
+  dec = memory.run(wide, parts=("decode",), decode_batch=8, cached=128,
+                   decode_attention="pallas")[0]
+  cache_bytes = 2 * 2 * 8 * 128 * 2 * 64 * 2
+  assert dec["decode_attention"] == "pallas" and dec["alias_bytes"] >= cache_bytes, dec
+  assert "pallas attention" in memory.decode_target([dict(dec, shape="wide")]).what
+
+
 @pytest.mark.slow
 def test_fsdp_over_host_devices_divides_the_arguments(tmp_path):
   shape = _write(tmp_path, TINY)
