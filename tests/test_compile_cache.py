@@ -2,6 +2,7 @@
 process is read back by the next, and the CompileCounter tells the two apart."""
 import json
 import os
+import pathlib
 import subprocess
 import sys
 
@@ -87,3 +88,47 @@ def test_auto_turns_off_where_the_folder_cannot_be_made_and_a_named_path_raises(
   with pytest.raises(OSError, match="compile_cache"):
     compile_cache.enable(str(blocker / "xla"))
   assert compile_cache.enable("auto") is None
+
+
+# ------------------------------------------------------------------------------------ a whole run
+def _timing(key: str) -> bool:
+  return (key.startswith("compile/") or key.endswith("_s") or
+          any(t in key for t in ("time", "seconds", "minutes", "per_s", "latency")))
+
+
+def _numbers(workdir) -> tuple:
+  """A run's metrics rows without timings, and its final evaluation summary."""
+  rows = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines()]
+  rows = [{k: v for k, v in r.items() if not _timing(k)} for r in rows]
+  summary = json.loads((workdir / "eval_summary.json").read_text())
+  return rows, {k: v for k, v in summary.items() if not _timing(k)}
+
+
+@pytest.mark.slow
+def test_a_training_run_gives_the_same_numbers_from_a_warm_cache(tmp_path):
+  """The README's main job at a tiny size, twice in fresh processes over one cache folder: the
+  second reads its programs back instead of compiling them, and every number it logs and
+  evaluates equals the first's to the last bit (issue 34 asked whether a warm cache moves
+  results)."""
+  from rlrag_jax.bench import accelerator
+  root = pathlib.Path(__file__).resolve().parents[1]
+  cache = tmp_path / "cache"
+  logs, numbers = [], []
+  for i in range(2):
+    workdir = tmp_path / f"run{i}"
+    cmd = [sys.executable, "-m", "rlrag_jax.train", "--config=configs/arena.py",
+           f"--workdir={workdir}", "--quiet", f"--config.compile_cache={cache}",
+           *accelerator.REDUCED_MAIN_ARGS, "--config.rl.steps=2"]
+    proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    logs.append(accelerator.parse_compile_line(proc.stdout + proc.stderr))
+    numbers.append(_numbers(workdir))
+  cold, warm = logs
+  # (a cold run may read back a program it compiled itself earlier, for another function)
+  assert cold["cache_hits"] <= 0.1 * cold["compiles"], logs
+  assert warm["cache_hits"] >= 0.9 * warm["compiles"] > 0, logs
+  (rows0, sum0), (rows1, sum1) = numbers
+  assert len(rows0) == len(rows1) > 0 and any("reward/total" in r for r in rows0)
+  assert rows1 == rows0
+  assert sum1 == sum0
