@@ -34,6 +34,10 @@ per device) and cost analysis (flops, bytes accessed: per device), beside an ide
            micro-batch's residual stream; of 'update_apply': its arguments.
   logprob  the reference / old-policy log-prob forward (`make_logprob_fn`; with a token budget
            on the micro-batch). Ideal: arguments.
+  attention  one layer's attention forward and backward at the update's micro-batch shape
+           (`--parts attention`; not in the default parts): what a fused attention kernel would
+           replace. Ideal: q, k, v read and the output written, then q, k, v, the output and
+           its gradient read and dq, dk, dv written.
   prefill  the sampler's prompt prefill into a KV cache (`sampling.sampler.prefill`), the
            prompt half of `--tokens`. Ideal: arguments (params and cache) + the new KV.
   decode   one decode step of the sampler's loop (`sampling.fast_decode.decode_step` over the
@@ -356,6 +360,46 @@ def compile_prefill(cfg, mesh, batch: int, prompt: int, cache_len: int) -> dict:
               vocab=cfg.vocab_size)
 
 
+def attention_ideal_bytes(cfg, rows: int, tokens: int) -> float:
+  """A fused attention's forward and backward: q, k, v read and the output written; then q, k,
+  v, the output and its gradient read and dq, dk, dv written (the mask from positions and the
+  [rows, tokens] key mask, the log-sum-exp a float a query: not counted)."""
+  import jax.numpy as jnp
+  item = jnp.dtype(cfg.compute_dtype).itemsize
+  q = rows * tokens * cfg.num_heads * cfg.head_dim * item
+  kv = rows * tokens * cfg.num_kv_heads * cfg.head_dim * item
+  return float((q + 2 * kv + q) + (q + 2 * kv + 2 * q) + (q + 2 * kv))
+
+
+def compile_attention(cfg, mesh, rows: int, tokens: int) -> dict:
+  """Row 'attention': one layer's attention forward and backward as the update runs it
+  (`models.decoder.attend_blocked` with `model.attention_block` > 0, else dense), on `rows`
+  sequences of `tokens` under the causal and key-padding mask the model builds."""
+  import jax
+  import jax.numpy as jnp
+  from rlrag_jax.models import decoder
+  from rlrag_jax.models import sharding as shd
+  rep = shd.replicated(mesh)
+  dt = cfg.compute_dtype
+  sd = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype, sharding=rep)
+  q = sd((rows, tokens, cfg.num_heads, cfg.head_dim), dt)
+  kv = sd((rows, tokens, cfg.num_kv_heads, cfg.head_dim), dt)
+
+  def fwd_bwd(q, k, v, key_mask, g):
+    causal = jnp.arange(tokens)[None, :] <= jnp.arange(tokens)[:, None]
+    allowed = (causal[None] & key_mask[:, None, :])[:, None]
+    attend = ((lambda q, k, v: decoder.attend_blocked(q, k, v, allowed, cfg.attention_block))
+              if cfg.attention_block > 0 else
+              (lambda q, k, v: decoder._attend(q, k, v, allowed)))
+    out, vjp = jax.vjp(attend, q, k, v)
+    return out, vjp(g)
+
+  compiled, secs = _timed_compile(jax.jit(fwd_bwd), q, kv, kv, sd((rows, tokens), jnp.bool_), q)
+  return _row("attention", compiled, attention_ideal_bytes(cfg, rows, tokens), 1,
+              compile_s=secs, sequences=rows, tokens=tokens, vocab=cfg.vocab_size,
+              attention_block=cfg.attention_block)
+
+
 def decode_ideal_bytes(cfg, batch: int, cached: int) -> float:
   """Weights in the compute dtype (the embedding once: gathered rows are negligible, the
   untied head once more) + the whole KV cache read + one new slot written + f32 logits."""
@@ -410,6 +454,8 @@ def run(shape: str, *, sequences: int = 64, tokens: int = 512, micro_batches: in
                            tokens_per_micro_batch=tokens_per_micro_batch,
                            head_backward=head_backward)
   one = shd.make_mesh(devices=mesh.devices.flat[:1])
+  if "attention" in parts:
+    rows.append(compile_attention(cfg, one, max(1, sequences // max(1, micro_batches)), tokens))
   if "prefill" in parts:
     rows.append(compile_prefill(cfg, one, min(sequences, decode_batch), tokens // 2, tokens))
   if "decode" in parts:
@@ -561,9 +607,10 @@ def main(argv=None) -> int:
     if args.targets:
       return _targets(args, devs)
     parts = tuple(p for p in args.parts.split(",") if p)
-    unknown = set(parts) - {"update", "prefill", "decode"}
+    unknown = set(parts) - {"update", "attention", "prefill", "decode"}
     if unknown:
-      ap.error(f"--parts: unknown {sorted(unknown)}; expected update, prefill, decode")
+      ap.error(f"--parts: unknown {sorted(unknown)}; expected update, attention, prefill, "
+               "decode")
     rows = run(args.shape, sequences=args.sequences, tokens=args.tokens,
                micro_batches=args.micro_batches, logits_chunk=args.logits_chunk,
                algo=args.algo, vocab=args.vocab, decode_batch=args.decode_batch,

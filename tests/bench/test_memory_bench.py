@@ -66,6 +66,18 @@ def test_decode_with_the_pallas_attention_keeps_the_cache_in_place(tmp_path):
   assert "pallas attention" in memory.decode_target([dict(dec, shape="wide")]).what
 
 
+def test_attention_row_is_one_layers_forward_and_backward_against_a_fused_ideal(tmp_path):
+  """`--parts attention`: one layer's attention, forward and backward, at the update's micro-
+  batch; its ideal (hand-computed) is what a fused kernel would read and write."""
+  shape = _write(tmp_path, TINY)
+  (row,) = memory.run(shape, sequences=8, tokens=128, micro_batches=2, parts=("attention",),
+                      attention_block=32)
+  q, kv = 4 * 128 * 4 * 16 * 2, 4 * 128 * 2 * 16 * 2   # 4 rows x 128 x heads x head_dim x bf16
+  assert row["name"] == "attention" and row["sequences"] == 4 and row["attention_block"] == 32
+  assert row["ideal_bytes"] == (2 * q + 2 * kv) + (3 * q + 2 * kv) + (q + 2 * kv)  # fwd, bwd
+  assert row["bytes_accessed"] > row["ideal_bytes"]       # the unfused XLA attention
+
+
 @pytest.mark.slow
 def test_fsdp_over_host_devices_divides_the_arguments(tmp_path):
   shape = _write(tmp_path, TINY)
