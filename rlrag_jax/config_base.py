@@ -22,6 +22,9 @@ trainer (`rlrag_jax.trainer`) reads these sections for every method:
             [T, S] score matrix: for long contexts; 0: dense), scan_layers (the blocks of the
             update and log-prob forward as one lax.scan over stacked params: one layer
             compiled and, under FSDP, gathered at a time; the sampler stays unrolled),
+            attention (the update's and log-probs' causal attention: 'xla', or 'pallas',
+            Pallas forward and backward kernels that write no score, made for GPUs and not yet
+            run on one: rlrag_jax/models/flash_attention.py; attention_block is then unused),
             decode_attention (the sampler's attention over the KV cache: 'xla', or 'pallas',
             one Pallas kernel a layer made for GPUs, not yet run on one:
             rlrag_jax/sampling/cache_attention.py), and the from-scratch shape
@@ -125,7 +128,8 @@ def trainer_config(method: str, workdir: str) -> ml_collections.ConfigDict:
       init="scratch", path="", chat_template=True, dtype="float32", param_dtype="float32",
       # A chat template that reads `enable_thinking` (Qwen3's): False renders the empty think
       # block, so the model answers directly; True lets it open <think> (models.lm.encode_prompt).
-      thinking=False, remat=False, scan_layers=False, decode_attention="xla",
+      thinking=False, remat=False, scan_layers=False, attention="xla",
+      decode_attention="xla",
       attention_block=0, vocab_size=2048, hidden_size=128, intermediate_size=384, num_layers=4, num_heads=4,
       num_kv_heads=2, head_dim=32, max_position_embeddings=1024))
 

@@ -212,6 +212,7 @@ def shared_rules() -> dict:
       "model.param_dtype": OneOf(model_config.DTYPES),
       "model.thinking": BOOL,                        # models.lm.encode_prompt
       "model.attention_block": COUNT_OR_OFF,
+      "model.attention": OneOf(cache_attention.IMPLS),
       "model.decode_attention": OneOf(cache_attention.IMPLS),
       "model.vocab_size": COUNT,
       "model.hidden_size": COUNT,

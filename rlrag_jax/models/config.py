@@ -82,6 +82,9 @@ class ModelConfig:
   scan_layers: bool = False             # the cache-free forward (updates, log-probs) runs
                                         # the blocks as one `lax.scan` over their stacked
                                         # params: one layer compiled, and gathered, at a time
+  attention: str = "xla"                # the cache-free forward's attention (updates,
+                                        # log-probs): 'xla' (dense or key-blocked, see
+                                        # attention_block) | 'pallas' (models.flash_attention)
   decode_attention: str = "xla"         # the sampler's decode-step attention over the KV
                                         # cache: 'xla' | 'pallas' (sampling.cache_attention)
 

@@ -210,7 +210,11 @@ class Attention(nn.Module):
       k = jax.lax.dynamic_update_slice(ck, k.astype(ck.dtype), (0, index, 0, 0))
       v = jax.lax.dynamic_update_slice(cv, v.astype(cv.dtype), (0, index, 0, 0))
       new_kv = {"k": k, "v": v}
-    if cfg.attention_block > 0 and q.shape[1] > 1:
+    if cfg.attention == "pallas" and layer_cache is None and q.shape[1] > 1:
+      # Without a cache `allowed` is causal & the key mask (Backbone), so its last query row
+      # is the key mask itself.
+      out = _flash(q, k, v, allowed[:, 0, -1, :])
+    elif cfg.attention_block > 0 and q.shape[1] > 1:
       out = attend_blocked(q, k.astype(q.dtype), v.astype(q.dtype), allowed,
                            cfg.attention_block)                     # [B, T, H, D]
     else:
@@ -219,6 +223,20 @@ class Attention(nn.Module):
     y = _einsum((h, d, e), "bthd,hde->bte", ("heads", "head_dim", "embed"), cfg, "o_proj",
                 cfg.o_proj_bias, ("norm",))(out)
     return y, new_kv
+
+
+def _flash(q, k, v, key_mask):
+  """`flash_attention.attend`, per device's rows under a mesh: a Pallas call is not split by
+  XLA's partitioner (it would gather every row), so it runs inside `shard_map` over the batch
+  axes the activation rules give (heads stay whole on each device)."""
+  from rlrag_jax.models import flash_attention
+  spec_fn = _ACTIVATION_SHARDING.get()
+  sharding = spec_fn(("activation_batch", None, None, None), q.shape) if spec_fn else None
+  if sharding is None or sharding.mesh.size == 1:
+    return flash_attention.attend(q, k, v, key_mask)
+  rows = jax.sharding.PartitionSpec(sharding.spec[0])
+  return jax.shard_map(flash_attention.attend, mesh=sharding.mesh, in_specs=(rows,) * 4,
+                       out_specs=rows, check_vma=False)(q, k, v, key_mask)
 
 
 def _attend(q, k, v, allowed):

@@ -27,7 +27,7 @@ def build_model(config, tokenizer) -> tuple:
       lm = load_hf(m.path, dtype=jnp.dtype(m.dtype).type, param_dtype=m.param_dtype,
                    progress=True)
     return lm.config.replace(remat=bool(m.remat), attention_block=int(m.attention_block),
-                             scan_layers=bool(m.scan_layers),
+                             scan_layers=bool(m.scan_layers), attention=str(m.attention),
                              decode_attention=str(m.decode_attention)), lm.params
   if m.init != "scratch":
     raise ValueError(f"config key 'model.init' is {m.init!r}; expected one of {MODEL_INITS}")
@@ -41,7 +41,7 @@ def build_model(config, tokenizer) -> tuple:
       eos_token_id=(eos,) if eos is not None else (), pad_token_id=tokenizer.pad_token_id,
       dtype=m.dtype, param_dtype=m.param_dtype, remat=bool(m.remat),
       attention_block=int(m.attention_block), scan_layers=bool(m.scan_layers),
-      decode_attention=str(m.decode_attention))
+      attention=str(m.attention), decode_attention=str(m.decode_attention))
   params = init_params(DecoderLM(cfg), jax.random.PRNGKey(config.seed))
   return cfg, params
 

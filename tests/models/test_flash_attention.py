@@ -1,0 +1,108 @@
+"""The cache-free causal attention as Pallas kernels (rlrag_jax.models.flash_attention), run in
+Pallas' interpreter on CPU, against the dense attention of models.decoder: outputs and the
+gradients of q, k and v; its GPU lowering; and the model with either attention."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rlrag_jax.models import decoder, flash_attention
+from rlrag_jax.models.config import ModelConfig
+from rlrag_jax.models.decoder import DecoderLM, init_params
+
+
+def _inputs(b, t, h, kv, d, dtype=jnp.float32, seed=0):
+  rs = np.random.RandomState(seed)
+  q = jnp.asarray(rs.randn(b, t, h, d), jnp.float32).astype(dtype)
+  k = jnp.asarray(rs.randn(b, t, kv, d), jnp.float32).astype(dtype)
+  v = jnp.asarray(rs.randn(b, t, kv, d), jnp.float32).astype(dtype)
+  key_mask = np.ones((b, t), bool)
+  key_mask[1, :t // 2 + 5] = False          # left padding past the first block
+  if b > 2:
+    key_mask[2, :3] = False
+  return q, k, v, jnp.asarray(key_mask), jnp.asarray(rs.randn(b, t, h, d), jnp.float32)
+
+
+def _dense(q, k, v, key_mask):
+  t = q.shape[1]
+  causal = jnp.arange(t)[None, :] <= jnp.arange(t)[:, None]
+  allowed = (causal[None] & key_mask[:, None, :])[:, None]
+  return decoder._attend(q, k, v, allowed)
+
+
+@pytest.mark.parametrize("t,h,kv,blocks", [(40, 4, 2, (16, 16)), (64, 3, 1, (32, 16)),
+                                           (37, 2, 2, (16, 32))])
+def test_outputs_and_gradients_equal_the_dense_attention(t, h, kv, blocks):
+  """GQA and not, query and key blocks of different sizes, a length that is not a multiple of
+  either, left padding: equal where a query has a key; a query with none (left padding) gets
+  zeros and no gradient in the kernels (the dense softmax spreads it uniformly)."""
+  q, k, v, key_mask, g = _inputs(3, t, h, kv, 16)
+  bq, bk = blocks
+  flash = lambda q, k, v: flash_attention.attend(q, k, v, key_mask, block_q=bq, block_k=bk)
+  dense = lambda q, k, v: _dense(q, k, v, key_mask)
+  live = np.asarray(jnp.cumsum(key_mask, axis=1) > 0)            # a key at or before t
+  got, want = flash(q, k, v), dense(q, k, v)
+  np.testing.assert_allclose(np.asarray(got)[live], np.asarray(want)[live], atol=2e-5, rtol=1e-5)
+  assert np.all(np.asarray(got)[~live] == 0)
+  gm = jnp.where(jnp.asarray(live)[:, :, None, None], g, 0.0)    # gradient of live rows only
+  loss = lambda f: lambda q, k, v: jnp.sum(f(q, k, v) * gm)
+  for a, b_ in zip(jax.grad(loss(flash), argnums=(0, 1, 2))(q, k, v),
+                   jax.grad(loss(dense), argnums=(0, 1, 2))(q, k, v)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b_), atol=5e-5, rtol=1e-4)
+
+
+def test_bfloat16_within_rounding_of_float32():
+  q, k, v, key_mask, _ = _inputs(2, 48, 4, 2, 32, seed=1)
+  f32 = flash_attention.attend(q, k, v, key_mask, block_q=16, block_k=16)
+  b16 = flash_attention.attend(*(x.astype(jnp.bfloat16) for x in (q, k, v)), key_mask,
+                               block_q=16, block_k=16)
+  assert b16.dtype == jnp.bfloat16
+  np.testing.assert_allclose(np.asarray(b16, np.float32), np.asarray(f32), atol=3e-2, rtol=3e-2)
+
+
+def test_gpu_lowering_is_three_triton_kernels_without_a_loop_around_them():
+  sd = jax.ShapeDtypeStruct
+  q, kv = sd((4, 256, 8, 64), jnp.bfloat16), sd((4, 256, 2, 64), jnp.bfloat16)
+  m, g = sd((4, 256), jnp.bool_), sd((4, 256, 8, 64), jnp.bfloat16)
+
+  def fwd_bwd(q, k, v, m, g):
+    out, vjp = jax.vjp(lambda q, k, v: flash_attention.attend(q, k, v, m), q, k, v)
+    return out, vjp(g)
+
+  text = jax.jit(fwd_bwd).trace(q, kv, kv, m, g).lower(lowering_platforms=("cuda",)).as_text()
+  assert text.count("__gpu$xla.gpu.triton") == 3 and "stablehlo.while" not in text
+
+
+def test_shapes_the_kernels_cannot_tile_are_refused():
+  q, k, v, key_mask, _ = _inputs(2, 20, 2, 2, 8)
+  with pytest.raises(ValueError, match="head_dim 8 must be a power of two >= 16"):
+    flash_attention.attend(q, k, v, key_mask)
+  q, k, v, key_mask, _ = _inputs(2, 20, 2, 2, 16)
+  with pytest.raises(ValueError, match="block_k 24 must be a power of two"):
+    flash_attention.attend(q, k, v, key_mask, block_k=24)
+
+
+def test_the_model_gives_the_same_logits_and_gradients_with_either_attention():
+  """DecoderLM with model.attention='pallas' (the cache-free forward) against 'xla', float32,
+  remat on: logits on live positions and the parameter gradients of a masked loss."""
+  cfg = ModelConfig(vocab_size=61, hidden_size=64, intermediate_size=96, num_layers=2,
+                    num_heads=4, num_kv_heads=2, head_dim=16, remat=True)
+  params = init_params(DecoderLM(cfg), jax.random.PRNGKey(0))
+  rng = np.random.default_rng(0)
+  ids = jnp.asarray(rng.integers(3, 61, (3, 21)), jnp.int32)
+  mask = jnp.asarray(np.arange(21)[None, :] >= np.array([[0], [7], [2]]))
+
+  def loss(c):
+    def f(p):
+      logits, _ = DecoderLM(c).apply({"params": p}, ids, mask)
+      return jnp.sum(jnp.where(mask[..., None], logits, 0.0) ** 2) * 1e-3, logits
+    return f
+
+  (lx, logits_x), gx = jax.value_and_grad(loss(cfg), has_aux=True)(params)
+  (lp, logits_p), gp = jax.value_and_grad(loss(cfg.replace(attention="pallas")), has_aux=True)(
+      params)
+  live = np.asarray(mask)
+  np.testing.assert_allclose(np.asarray(logits_p)[live], np.asarray(logits_x)[live], atol=2e-5,
+                             rtol=1e-5)
+  for a, b in zip(jax.tree_util.tree_leaves(gp), jax.tree_util.tree_leaves(gx)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5, rtol=1e-4)
