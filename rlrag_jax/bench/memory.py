@@ -35,8 +35,8 @@ per device) and cost analysis (flops, bytes accessed: per device), beside an ide
   logprob  the reference / old-policy log-prob forward (`make_logprob_fn`; with a token budget
            on the micro-batch). Ideal: arguments.
   attention  one layer's attention forward and backward at the update's micro-batch shape
-           (`--parts attention`; not in the default parts): what a fused attention kernel would
-           replace. Ideal: q, k, v read and the output written, then q, k, v, the output and
+           (`--parts attention`; not in the default parts; `--attention pallas`: the Pallas
+           kernels of `models.flash_attention`, also for the update and log-prob rows). Ideal: q, k, v read and the output written, then q, k, v, the output and
            its gradient read and dq, dk, dv written.
   prefill  the sampler's prompt prefill into a KV cache (`sampling.sampler.prefill`), the
            prompt half of `--tokens`. Ideal: arguments (params and cache) + the new KV.
@@ -100,7 +100,8 @@ class ShapeError(ValueError):
 def model_config(shape: str, *, vocab: Optional[int] = None, dtype: str = "bfloat16",
                  param_dtype: str = "float32", remat: bool = True, attention_block: int = 512,
                  scan_layers: bool = False,
-                 layers: Optional[int] = None, decode_attention: str = "xla"):
+                 layers: Optional[int] = None, decode_attention: str = "xla",
+                 attention: str = "xla"):
   """A `ModelConfig` from a SHAPES name or an HF config.json path, with the accelerator
   presets' numerics (`config_base.use_hf_model`; `scan_layers` off unless asked, the model's
   default); `vocab` replaces the vocabulary size, `layers` the number of decoder layers."""
@@ -126,7 +127,7 @@ def model_config(shape: str, *, vocab: Optional[int] = None, dtype: str = "bfloa
   except (ValueError, TypeError, KeyError) as e:
     raise ShapeError(f"{e} (a decoder LM's config.json is needed)") from None
   over = dict(dtype=dtype, param_dtype=param_dtype, remat=remat, attention_block=attention_block,
-              scan_layers=scan_layers, decode_attention=decode_attention)
+              scan_layers=scan_layers, decode_attention=decode_attention, attention=attention)
   if vocab:
     over["vocab_size"] = int(vocab)
   if layers:
@@ -235,7 +236,8 @@ def compile_update(cfg, mesh, sequences: int, tokens: int, *, micro_batches: int
   batch = _abstract(batch, bsh)
   loss = ts.LossConfig.preset("grpo")
   devices = mesh.devices.size
-  settings = dict(sequences=sequences, tokens=tokens, micro_batches=micro_batches,
+  settings = dict(attention=cfg.attention, sequences=sequences, tokens=tokens,
+                  micro_batches=micro_batches,
                   logits_chunk=chunk, vocab=cfg.vocab_size, logits_start=logits_start,
                   head_backward=head_backward)
   step = ts.make_policy_step(module, opt, mesh, loss, micro_batches=micro_batches,
@@ -388,16 +390,20 @@ def compile_attention(cfg, mesh, rows: int, tokens: int) -> dict:
   def fwd_bwd(q, k, v, key_mask, g):
     causal = jnp.arange(tokens)[None, :] <= jnp.arange(tokens)[:, None]
     allowed = (causal[None] & key_mask[:, None, :])[:, None]
-    attend = ((lambda q, k, v: decoder.attend_blocked(q, k, v, allowed, cfg.attention_block))
-              if cfg.attention_block > 0 else
-              (lambda q, k, v: decoder._attend(q, k, v, allowed)))
+    if cfg.attention == "pallas":
+      from rlrag_jax.models import flash_attention
+      attend = lambda q, k, v: flash_attention.attend(q, k, v, key_mask)
+    elif cfg.attention_block > 0:
+      attend = lambda q, k, v: decoder.attend_blocked(q, k, v, allowed, cfg.attention_block)
+    else:
+      attend = lambda q, k, v: decoder._attend(q, k, v, allowed)
     out, vjp = jax.vjp(attend, q, k, v)
     return out, vjp(g)
 
   compiled, secs = _timed_compile(jax.jit(fwd_bwd), q, kv, kv, sd((rows, tokens), jnp.bool_), q)
   return _row("attention", compiled, attention_ideal_bytes(cfg, rows, tokens), 1,
               compile_s=secs, sequences=rows, tokens=tokens, vocab=cfg.vocab_size,
-              attention_block=cfg.attention_block)
+              attention_block=cfg.attention_block, attention=cfg.attention)
 
 
 def decode_ideal_bytes(cfg, batch: int, cached: int) -> float:
@@ -438,13 +444,14 @@ def run(shape: str, *, sequences: int = 64, tokens: int = 512, micro_batches: in
         remat: bool = True, attention_block: int = 512, logits_start: int = 0,
         devices=None, tokens_per_micro_batch: int = 0, layers: Optional[int] = None,
         scan_layers: bool = False, head_backward: str = "auto",
-        decode_attention: str = "xla") -> list:
+        decode_attention: str = "xla", attention: str = "xla") -> list:
   """The rows of every requested part for one shape; the update is FSDP-sharded over
   `devices` (default: every jax device), prefill and decode run on the first."""
   import jax
   from rlrag_jax.models import sharding as shd
   cfg = model_config(shape, vocab=vocab, remat=remat, attention_block=attention_block,
-                     layers=layers, scan_layers=scan_layers, decode_attention=decode_attention)
+                     layers=layers, scan_layers=scan_layers, decode_attention=decode_attention,
+                     attention=attention)
   mesh = shd.make_mesh(data=1, fsdp=-1, tensor=1,
                        devices=jax.devices() if devices is None else devices)
   rows = []
@@ -571,6 +578,9 @@ def main(argv=None) -> int:
   ap.add_argument("--decode-batch", type=int, default=256)
   ap.add_argument("--cached", type=int, default=512, help="KV-cache slots of the decode step")
   ap.add_argument("--parts", default="update,prefill,decode")
+  ap.add_argument("--attention", choices=("xla", "pallas"), default="xla",
+                  help="the update's and log-probs' attention (model.attention; 'pallas': "
+                  "forward and backward kernels, models.flash_attention)")
   ap.add_argument("--decode-attention", choices=("xla", "pallas"), default="xla",
                   help="the decode step's attention over the cache (model.decode_attention; "
                   "'pallas': one kernel a layer, sampling.cache_attention)")
@@ -619,7 +629,7 @@ def main(argv=None) -> int:
                scan_layers=args.scan_layers,
                tokens_per_micro_batch=args.tokens_per_micro_batch, layers=args.layers,
                devices=devs, head_backward=args.head_backward,
-               decode_attention=args.decode_attention)
+               decode_attention=args.decode_attention, attention=args.attention)
   except (ShapeError, gpu_plan.GpuPlanError) as e:
     print(f"bench.memory: {e}", file=sys.stderr)
     return 2

@@ -76,6 +76,8 @@ def test_attention_row_is_one_layers_forward_and_backward_against_a_fused_ideal(
   assert row["name"] == "attention" and row["sequences"] == 4 and row["attention_block"] == 32
   assert row["ideal_bytes"] == (2 * q + 2 * kv) + (3 * q + 2 * kv) + (q + 2 * kv)  # fwd, bwd
   assert row["bytes_accessed"] > row["ideal_bytes"]       # the unfused XLA attention
+  (pal,) = memory.run(shape, sequences=4, tokens=64, parts=("attention",), attention="pallas")
+  assert pal["attention"] == "pallas" and pal["ideal_bytes"] > 0   # (on CPU: the interpreter)
 
 
 @pytest.mark.slow
