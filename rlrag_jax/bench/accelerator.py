@@ -19,7 +19,9 @@ Measured on whatever device jax sees first (made for one H100), against the hard
             log-prob input, AdamW over float32 master params, bf16 compute, rematerialised
             blocks, chunked logits) at 64 sequences x 512 tokens: tokens/s, model FLOPs
             utilisation against the datasheet bf16 peak and a measured matmul, peak device
-            memory, compile seconds. More micro-batches are tried when one does not fit.
+            memory, compile seconds. More micro-batches are tried when one does not fit. On a
+            GPU again with the Pallas attention kernels (`models.flash_attention`, the
+            `update_pallas` figures).
   memory    `bench.memory`'s ahead-of-time analysis of the same update (vocab 151,936 and
             32,000) and of the decode step, compiled for this device.
   main job  `python -m rlrag_jax.train --config=configs/arena.py` (the README's main job) in a
@@ -298,7 +300,7 @@ def bench_hf_generate(spec: dict, clock: Clock) -> dict:
 
 
 # ------------------------------------------------------------------------------------ update
-def bench_update(spec: dict, dev: dict, clock: Clock) -> dict:
+def bench_update(spec: dict, dev: dict, clock: Clock, attention: str = "xla") -> dict:
   import jax
   import jax.numpy as jnp
   import numpy as np
@@ -306,7 +308,8 @@ def bench_update(spec: dict, dev: dict, clock: Clock) -> dict:
   from rlrag_jax.models import sharding as shd
   from rlrag_jax.models.decoder import DecoderLM
   from rlrag_jax.rl import train_step as ts
-  cfg = _model_config(spec, param_dtype="float32", remat=True, attention_block=0)
+  cfg = _model_config(spec, param_dtype="float32", remat=True, attention_block=0,
+                      attention=attention)
   module = DecoderLM(cfg)
   mesh = shd.make_mesh(data=1, fsdp=-1, tensor=1, devices=jax.devices()[:1])
   n, t = spec["update_sequences"], spec["update_tokens"]
@@ -346,7 +349,8 @@ def bench_update(spec: dict, dev: dict, clock: Clock) -> dict:
       tokens = n * t
       flops = update_model_flops(cfg, n, t, t - 1 - start)
       tflops = flops / sec / 1e12
-      result = dict(sequences=n, tokens=t, micro_batches=micro, seconds=sec,
+      result = dict(attention=attention, sequences=n, tokens=t, micro_batches=micro,
+                    seconds=sec,
                     tokens_per_s=tokens / sec, model_tflops=tflops,
                     mfu=tflops / H100_BF16_TFLOPS,
                     mfu_vs_matmul=tflops / dev["matmul_bf16_tflops"],
@@ -449,9 +453,11 @@ def summary(res: dict) -> str:
                  f"{r['batch']}: {r['tok_s']:,.0f} tok/s = "
                  f"{r['frac_roofline']:.1%} of the decode roofline "
                  f"({r['roofline_tok_s']:,.0f}){vs}")
-  u = res.get("update")
-  if u:
-    lines.append(f"  update {u['sequences']} x {u['tokens']} ({u['micro_batches']} micro-batch): "
+  for u in (res.get("update"), res.get("update_pallas")):
+    if not u:
+      continue
+    lines.append(f"  update, {u.get('attention', 'xla')} attention, {u['sequences']} x "
+                 f"{u['tokens']} ({u['micro_batches']} micro-batch): "
                  f"{u['tokens_per_s']:,.0f} tokens/s, MFU {u['mfu']:.1%}, peak "
                  f"{u['peak_bytes'] / 2 ** 30:.1f} GiB")
   for r in res.get("main_job", []):
@@ -472,8 +478,9 @@ def main(argv=None) -> int:
                   help="folder for a jax.profiler trace of five decode steps per batch size "
                   "(open with TensorBoard's profile plugin or xprof)")
   ap.add_argument("--decode-attention", default="",
-                  help="comma list of the sampler's decode attentions to time (xla, pallas; "
-                  "default: both on a GPU, xla elsewhere)")
+                  help="comma list of the attentions to time (xla, pallas): the sampler's "
+                  "decode attention and, with pallas, the update's too (default: both on a "
+                  "GPU, xla elsewhere)")
   ap.add_argument("--sections", default="sampler,hf,update,memory,main",
                   help="comma list of sampler, hf, update, memory, main")
   args = ap.parse_args(argv)
@@ -498,12 +505,14 @@ def main(argv=None) -> int:
   dev = res.get("device") or dict(copy_bandwidth_tbs=H100_HBM_TBS, matmul_bf16_tflops=
                                   H100_BF16_TFLOPS, device="?", backend="?", jax="?")
   _say(f"[device] {dev}")
+  impls = tuple(a for a in args.decode_attention.split(",") if a) or \
+      default_decode_attentions()
   if "sampler" in sections:
-    impls = tuple(a for a in args.decode_attention.split(",") if a) or \
-        default_decode_attentions()
     attempt("sampler", lambda: bench_sampler(spec, dev, clock, args.profile, impls))
   if "update" in sections:
     attempt("update", lambda: bench_update(spec, dev, clock))
+    if "pallas" in impls:            # the Pallas attention kernels (models.flash_attention)
+      attempt("update_pallas", lambda: bench_update(spec, dev, clock, "pallas"))
   if "main" in sections:
     attempt("main_job", lambda: bench_main_job(args.reduced, clock))
   if "memory" in sections and clock.left() > 40:

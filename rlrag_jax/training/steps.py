@@ -1,15 +1,28 @@
 """The model a run trains and the jitted pieces its loops call: SFT update, RL update, log-probs."""
 from __future__ import annotations
 
+import logging
+
 import jax
 import jax.numpy as jnp
 
 from rlrag_jax.models import DecoderLM, ModelConfig, init_params, load_hf
 from rlrag_jax.training import learners
 
+log = logging.getLogger("rlrag_jax.trainer")
 
 # ------------------------------------------------------------------------------------ model
 MODEL_INITS = ("scratch", "hf")       # config key model.init
+
+
+def _warn_interpreted_kernels(m) -> None:
+  """The Pallas attentions are GPU kernels; elsewhere they run in Pallas' interpreter."""
+  slow = [k for k, v in (("attention", m.attention), ("decode_attention", m.decode_attention))
+          if str(v) == "pallas"]
+  if slow and jax.default_backend() != "gpu":
+    log.warning("model.%s='pallas' on %s: the Pallas kernels run in Pallas' interpreter there, "
+                "correct but very slow; they are made for GPUs", "/".join(slow),
+                jax.default_backend())
 
 
 def build_model(config, tokenizer) -> tuple:
@@ -17,6 +30,7 @@ def build_model(config, tokenizer) -> tuple:
   (model.init 'hf'): an HF checkpoint directory or a training run directory (its latest
   checkpoint, e.g. a small LM trained on the world that another run starts from)."""
   m = config.model
+  _warn_interpreted_kernels(m)
   if m.init == "hf":
     if not m.path:
       raise ValueError("config key 'model.path' is empty but 'model.init' is 'hf'")

@@ -21,15 +21,19 @@ def test_reduced_run_reports_every_figure(tmp_path):
   assert u["mfu"] == pytest.approx(u["model_tflops"] / accelerator.H100_BF16_TFLOPS)
 
 
-def test_sampler_section_compares_the_pallas_decode_attention_with_xla():
-  """`--decode-attention xla,pallas` (on a GPU the default): a row per attention, the kernel's
-  with the share of its greedy tokens equal to XLA's (here the kernel's CPU interpreter)."""
+def test_sampler_and_update_sections_time_the_pallas_attentions():
+  """`--decode-attention xla,pallas` (on a GPU the default): a sampler row per attention, the
+  kernel's with the share of its greedy tokens equal to XLA's, and the update with the Pallas
+  attention kernels (here the kernels' CPU interpreter)."""
   clock = accelerator.Clock(600)
   dev = dict(copy_bandwidth_tbs=1.0)
   rows = accelerator.bench_sampler(accelerator.REDUCED, dev, clock, attentions=("xla", "pallas"))
   assert [r["decode_attention"] for r in rows] == ["xla", "pallas"]
   assert "tokens_equal_xla" not in rows[0] and 0.0 <= rows[1]["tokens_equal_xla"] <= 1.0
   assert rows[1]["batch"] == rows[0]["batch"] and rows[1]["tok_s"] > 0
+  u = accelerator.bench_update(accelerator.REDUCED, dict(dev, matmul_bf16_tflops=1.0), clock,
+                               "pallas")
+  assert u["attention"] == "pallas" and u["skipped"] == 0.0 and u["tokens_per_s"] > 0
 
 
 def test_model_flops_and_roofline_by_hand():

@@ -106,3 +106,17 @@ def test_the_model_gives_the_same_logits_and_gradients_with_either_attention():
                              rtol=1e-5)
   for a, b in zip(jax.tree_util.tree_leaves(gp), jax.tree_util.tree_leaves(gx)):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5, rtol=1e-4)
+
+
+def test_a_cpu_run_with_the_pallas_attentions_is_warned_that_they_are_interpreted(caplog):
+  from configs import arena
+  from rlrag_jax.training import steps
+  c = arena.get_config("")
+  c.model.attention = "pallas"
+  with caplog.at_level("WARNING", logger="rlrag_jax.trainer"):
+    steps._warn_interpreted_kernels(c.model)
+  assert "model.attention='pallas' on cpu" in caplog.text and "interpreter" in caplog.text
+  caplog.clear()
+  c.model.attention = "xla"
+  steps._warn_interpreted_kernels(c.model)
+  assert caplog.text == ""
