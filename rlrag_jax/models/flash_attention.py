@@ -54,6 +54,30 @@ def _load_rows(plt, ref, pos, t_len):
   return plt.load(ref, mask=(pos < t_len)[:, None], other=0)
 
 
+def _key_block(k_ref, v_ref, m_ref, b, kh, k0, bk, t_len):
+  """Row b's keys and values of KV head kh at positions k0 + [0, bk), and their key mask."""
+  from jax.experimental import pallas as pl
+  from jax.experimental.pallas import triton as plt
+  kpos = k0 + jnp.arange(bk)
+  kb = _load_rows(plt, k_ref.at[b, pl.ds(k0, bk), kh, :], kpos, t_len)
+  vb = _load_rows(plt, v_ref.at[b, pl.ds(k0, bk), kh, :], kpos, t_len)
+  km = plt.load(m_ref.at[b, pl.ds(k0, bk)], mask=kpos < t_len, other=0) != 0
+  return kpos, kb, vb, km
+
+
+def _query_block(q_ref, do_ref, lse_ref, dl_ref, b, h, q0, bq, t_len):
+  """Row b's queries of head h at q0 + [0, bq) with their output gradient, log-sum-exp and
+  rowsum(dO * O)."""
+  from jax.experimental import pallas as pl
+  from jax.experimental.pallas import triton as plt
+  qpos = q0 + jnp.arange(bq)
+  q = _load_rows(plt, q_ref.at[b, pl.ds(q0, bq), h, :], qpos, t_len)
+  do = _load_rows(plt, do_ref.at[b, pl.ds(q0, bq), h, :], qpos, t_len)
+  lse = plt.load(lse_ref.at[b, h, pl.ds(q0, bq)], mask=qpos < t_len, other=0)
+  dl = plt.load(dl_ref.at[b, h, pl.ds(q0, bq)], mask=qpos < t_len, other=0)
+  return qpos, q, do, lse, dl
+
+
 def _fwd_kernel(q_ref, k_ref, v_ref, m_ref, o_ref, lse_ref, *, bq, bk, groups, t_len, scale):
   from jax.experimental import pallas as pl
   from jax.experimental.pallas import triton as plt
@@ -65,11 +89,7 @@ def _fwd_kernel(q_ref, k_ref, v_ref, m_ref, o_ref, lse_ref, *, bq, bk, groups, t
 
   def step(j, carry):
     mx, l, acc = carry
-    k0 = j * bk
-    kpos = k0 + jnp.arange(bk)
-    kb = _load_rows(plt, k_ref.at[b, pl.ds(k0, bk), kh, :], kpos, t_len)
-    vb = _load_rows(plt, v_ref.at[b, pl.ds(k0, bk), kh, :], kpos, t_len)
-    km = plt.load(m_ref.at[b, pl.ds(k0, bk)], mask=kpos < t_len, other=0) != 0
+    kpos, kb, vb, km = _key_block(k_ref, v_ref, m_ref, b, kh, j * bk, bk, t_len)
     s, ok = _scores(q, kb, qpos, kpos, km, t_len, scale)
     s = jnp.where(ok, s, _NEG)
     m_new = jnp.maximum(mx, jnp.max(s, axis=1))
@@ -97,23 +117,15 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, m_ref, do_ref, lse_ref, dl_ref, dk_ref, dv
   from jax.experimental.pallas import triton as plt
   b, kh, j = pl.program_id(0), pl.program_id(1), pl.program_id(2)
   k0 = j * bk
-  kpos = k0 + jnp.arange(bk)
-  kb = _load_rows(plt, k_ref.at[b, pl.ds(k0, bk), kh, :], kpos, t_len)
-  vb = _load_rows(plt, v_ref.at[b, pl.ds(k0, bk), kh, :], kpos, t_len)
-  km = plt.load(m_ref.at[b, pl.ds(k0, bk)], mask=kpos < t_len, other=0) != 0
+  kpos, kb, vb, km = _key_block(k_ref, v_ref, m_ref, b, kh, k0, bk, t_len)
   first = k0 // bq                                   # query blocks at or below the diagonal
   n_q = pl.cdiv(t_len, bq)
 
   def step(n, carry):
     dk, dv = carry
     g, i = n // (n_q - first), first + n % (n_q - first)
-    h = kh * groups + g
-    q0 = i * bq
-    qpos = q0 + jnp.arange(bq)
-    q = _load_rows(plt, q_ref.at[b, pl.ds(q0, bq), h, :], qpos, t_len)
-    do = _load_rows(plt, do_ref.at[b, pl.ds(q0, bq), h, :], qpos, t_len)
-    lse = plt.load(lse_ref.at[b, h, pl.ds(q0, bq)], mask=qpos < t_len, other=0)
-    dl = plt.load(dl_ref.at[b, h, pl.ds(q0, bq)], mask=qpos < t_len, other=0)
+    qpos, q, do, lse, dl = _query_block(q_ref, do_ref, lse_ref, dl_ref, b, kh * groups + g,
+                                        i * bq, bq, t_len)
     s, ok = _scores(q, kb, qpos, kpos, km, t_len, scale)
     p = jnp.where(ok, jnp.exp(s - lse[:, None]), 0.0)                       # [bq, bk]
     dv = dv + _dot(p.astype(do.dtype), do, ((0,), (0,)))
@@ -136,18 +148,10 @@ def _dq_kernel(q_ref, k_ref, v_ref, m_ref, do_ref, lse_ref, dl_ref, dq_ref, *, b
   b, h, i = pl.program_id(0), pl.program_id(1), pl.program_id(2)
   kh = h // groups
   q0 = i * bq
-  qpos = q0 + jnp.arange(bq)
-  q = _load_rows(plt, q_ref.at[b, pl.ds(q0, bq), h, :], qpos, t_len)
-  do = _load_rows(plt, do_ref.at[b, pl.ds(q0, bq), h, :], qpos, t_len)
-  lse = plt.load(lse_ref.at[b, h, pl.ds(q0, bq)], mask=qpos < t_len, other=0)
-  dl = plt.load(dl_ref.at[b, h, pl.ds(q0, bq)], mask=qpos < t_len, other=0)
+  qpos, q, do, lse, dl = _query_block(q_ref, do_ref, lse_ref, dl_ref, b, h, q0, bq, t_len)
 
   def step(j, dq):
-    k0 = j * bk
-    kpos = k0 + jnp.arange(bk)
-    kb = _load_rows(plt, k_ref.at[b, pl.ds(k0, bk), kh, :], kpos, t_len)
-    vb = _load_rows(plt, v_ref.at[b, pl.ds(k0, bk), kh, :], kpos, t_len)
-    km = plt.load(m_ref.at[b, pl.ds(k0, bk)], mask=kpos < t_len, other=0) != 0
+    kpos, kb, vb, km = _key_block(k_ref, v_ref, m_ref, b, kh, j * bk, bk, t_len)
     s, ok = _scores(q, kb, qpos, kpos, km, t_len, scale)
     p = jnp.where(ok, jnp.exp(s - lse[:, None]), 0.0)
     dp = _dot(do, vb, ((1,), (1,)))
@@ -195,11 +199,11 @@ def _forward(q, k, v, key_mask, bq, bk):
   groups = h // k.shape[2]
   kw = dict(bq=bq, bk=bk, groups=groups, t_len=t, scale=1.0 / math.sqrt(d))
   outs = (jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((b, h, t), jnp.float32))
-  return _call(_fwd_kernel, (b, h, pl_cdiv(t, bq)), outs,
+  return _call(_fwd_kernel, (b, h, _cdiv(t, bq)), outs,
                (q, k, v, key_mask.astype(jnp.int8)), **kw)
 
 
-def pl_cdiv(a: int, b: int) -> int:
+def _cdiv(a: int, b: int) -> int:
   return -(-a // b)
 
 
@@ -222,10 +226,10 @@ def _attend_bwd(bq, bk, res, g):
   kw = dict(bq=bq, bk=bk, groups=h // kv, t_len=t, scale=1.0 / math.sqrt(d))
   mask = key_mask.astype(jnp.int8)
   args = (q, k, v, mask, do, lse, delta)
-  dk, dv = _call(_dkdv_kernel, (b, kv, pl_cdiv(t, bk)),
+  dk, dv = _call(_dkdv_kernel, (b, kv, _cdiv(t, bk)),
                  (jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)),
                  args, **kw)
-  dq = _call(_dq_kernel, (b, h, pl_cdiv(t, bq)), jax.ShapeDtypeStruct(q.shape, q.dtype), args,
+  dq = _call(_dq_kernel, (b, h, _cdiv(t, bq)), jax.ShapeDtypeStruct(q.shape, q.dtype), args,
              **kw)
   return dq, dk, dv, None
 
