@@ -20,6 +20,8 @@ def _inputs(b, t, h, kv, d, dtype=jnp.float32, seed=0):
   key_mask[1, :t // 2 + 5] = False          # left padding past the first block
   if b > 2:
     key_mask[2, :3] = False
+  if b > 3:
+    key_mask[3] = False                     # a padding row of a micro-batch: no key at all
   return q, k, v, jnp.asarray(key_mask), jnp.asarray(rs.randn(b, t, h, d), jnp.float32)
 
 
@@ -34,9 +36,9 @@ def _dense(q, k, v, key_mask):
                                            (37, 2, 2, (16, 32))])
 def test_outputs_and_gradients_equal_the_dense_attention(t, h, kv, blocks):
   """GQA and not, query and key blocks of different sizes, a length that is not a multiple of
-  either, left padding: equal where a query has a key; a query with none (left padding) gets
-  zeros and no gradient in the kernels (the dense softmax spreads it uniformly)."""
-  q, k, v, key_mask, g = _inputs(3, t, h, kv, 16)
+  either, left padding, a row with no key: equal where a query has a key; a query with none
+  gets zeros and no gradient in the kernels (the dense softmax spreads it uniformly)."""
+  q, k, v, key_mask, g = _inputs(4, t, h, kv, 16)
   bq, bk = blocks
   flash = lambda q, k, v: flash_attention.attend(q, k, v, key_mask, block_q=bq, block_k=bk)
   dense = lambda q, k, v: _dense(q, k, v, key_mask)
@@ -46,9 +48,11 @@ def test_outputs_and_gradients_equal_the_dense_attention(t, h, kv, blocks):
   assert np.all(np.asarray(got)[~live] == 0)
   gm = jnp.where(jnp.asarray(live)[:, :, None, None], g, 0.0)    # gradient of live rows only
   loss = lambda f: lambda q, k, v: jnp.sum(f(q, k, v) * gm)
-  for a, b_ in zip(jax.grad(loss(flash), argnums=(0, 1, 2))(q, k, v),
-                   jax.grad(loss(dense), argnums=(0, 1, 2))(q, k, v)):
+  grads = jax.grad(loss(flash), argnums=(0, 1, 2))(q, k, v)
+  for a, b_ in zip(grads, jax.grad(loss(dense), argnums=(0, 1, 2))(q, k, v)):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b_), atol=5e-5, rtol=1e-4)
+  assert all(np.isfinite(np.asarray(x)).all() for x in grads)
+  assert not np.asarray(grads[0])[3].any()            # the keyless row passes no gradient
 
 
 def test_bfloat16_within_rounding_of_float32():
