@@ -5,8 +5,10 @@
   <workdir>/fingerprint.json  {"fingerprint": SHA-256 hex, "excluded": {key: why},
                               "config": the resolved config the fingerprint was made from,
                               "starts": one entry per start: time, resume, status
-                              ('new' | 'same' | 'unchecked' | 'forced'), fingerprint, and for a
-                              forced start the differing keys with old and new values}
+                              ('new' | 'same' | 'unchecked' | 'forced'), fingerprint, the host
+                              (`host()`: CPU and its vector instructions, cores, jax, XLA_FLAGS,
+                              device), and for a forced start the differing keys with old and
+                              new values}
 
 The fingerprint is a SHA-256 over the resolved config's items (dotted keys and their JSON
 values, sorted) except those under EXCLUDED: keys that say where a run is stored, placed or
@@ -183,6 +185,36 @@ def verify(workdir, config, *, force: bool = False) -> Check:
   return c
 
 
+VECTOR_FLAGS = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512_bf16", "amx_tile")
+
+
+def host() -> dict:
+  """What a run's floating-point results can depend on besides its config: the CPU (XLA:CPU
+  compiles for the host's vector instructions; capping them at SSE4.2 changes the sampler's
+  float32 log-probs in their last bits, at AVX2 not on an AVX-512 host: docs/reliability.md),
+  the core count, jax / jaxlib, XLA_FLAGS and the first device."""
+  import os
+  import platform
+  import jax
+  import jaxlib
+  cpu, flags = platform.processor() or platform.machine(), set()
+  try:
+    for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
+      key, _, value = line.partition(":")
+      if key.strip() == "model name" and cpu in ("", platform.machine()):
+        cpu = value.strip()
+      elif key.strip() == "flags":
+        flags = set(value.split())
+        break
+  except OSError:
+    pass
+  dev = jax.devices()[0]
+  return {"cpu": cpu, "vector": [f for f in VECTOR_FLAGS if f in flags], "cores": os.cpu_count(),
+          "jax": jax.__version__, "jaxlib": jaxlib.__version__,
+          "xla_flags": os.environ.get("XLA_FLAGS", ""),
+          "device": f"{dev.platform}:{getattr(dev, 'device_kind', '')}"}
+
+
 def record(workdir, c: Check, *, resume: bool) -> None:
   """Writes fingerprint.json for a start that `verify` let through (and config.json when the
   directory has none); a differing fingerprint here was forced."""
@@ -190,7 +222,7 @@ def record(workdir, c: Check, *, resume: bool) -> None:
   p.mkdir(parents=True, exist_ok=True)
   status = "forced" if c.status == "differs" else c.status     # 'upgraded' keeps its name
   start: dict[str, Any] = {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "resume": bool(resume),
-                           "status": status, "fingerprint": c.fingerprint}
+                           "status": status, "fingerprint": c.fingerprint, "host": host()}
   if c.differs:
     start["differs"] = {k: list(v) for k, v in c.differs.items()}
   starts = (c.recorded or {}).get("starts", []) + [start]

@@ -47,6 +47,10 @@ def test_a_new_run_records_its_config_and_fingerprint_and_keeps_the_first_config
       (wd / "config.json").read_text())
   assert set(rec["excluded"]) == set(fingerprint.EXCLUDED)
   assert [(s["status"], s["resume"]) for s in rec["starts"]] == [("new", False)]
+  # each start says which host made it: results depend on its CPU (docs/reliability.md)
+  host = rec["starts"][0]["host"]
+  assert host == fingerprint.host() and host["cores"] >= 1 and host["cpu"]
+  assert set(host["vector"]) <= set(fingerprint.VECTOR_FLAGS) and host["device"].startswith("cpu")
   again = fingerprint.verify(wd, _config(wd))
   assert again.status == "same"
   fingerprint.record(wd, again, resume=True)
@@ -142,3 +146,8 @@ def test_config_from_argv_resolves_as_the_train_command_does(tmp_path):
   want.seed = 3
   assert fingerprint.fingerprint(c) == fingerprint.fingerprint(want)
   assert c.workdir == str(tmp_path)
+
+
+def test_the_host_record_carries_the_xla_flags_it_ran_with(monkeypatch):
+  monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_max_isa=AVX2")
+  assert fingerprint.host()["xla_flags"] == "--xla_cpu_max_isa=AVX2"

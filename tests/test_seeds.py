@@ -5,6 +5,7 @@ import json
 import numpy as np
 import pytest
 
+from rlrag_jax import fingerprint
 from rlrag_jax.experiments import seeds
 
 
@@ -87,6 +88,7 @@ def test_cli_resumes_compares_arms_and_writes_outputs(tmp_path, monkeypatch):
   assert all("--config.rl.lr=0.001" in c and "--resume" in c for c in calls)
   assert sum("--config.rl.steps=9" in c for c in calls) == 2
   res = json.loads((out / "seeds.json").read_text())
+  assert res["host"] == fingerprint.host()          # which machine made the table
   cmp_em = res["summary"]["comparison"]["em"]
   assert cmp_em["arms"] == ["a", "b"] and cmp_em["diff_per_seed"] == [0.25, 0.25]
   assert cmp_em["diff_ci"][0] == pytest.approx(0.25)

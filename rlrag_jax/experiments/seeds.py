@@ -660,7 +660,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         [m for m in args.curves.split(",") if m])
   plotted = args.plot.split(",")
   series = curve_series({a: {s: run_dir(out, a, s) for s in seeds} for a in arms}, plotted)
-  record = {"config": args.config, "overrides": passthrough, "arms": dict(arms), "seeds": seeds,
+  record = {"config": args.config, "overrides": passthrough, "host": fingerprint.host(),
+            "arms": dict(arms), "seeds": seeds,
             "points": [args.before, args.after], "contrast": pairs,
             "runs": {a: {str(s): r for s, r in by.items()} for a, by in runs.items()},
             "plot": {"metrics": plotted, "series": series}, "summary": summary}
