@@ -165,6 +165,9 @@ def _dq_kernel(q_ref, k_ref, v_ref, m_ref, do_ref, lse_ref, dl_ref, dq_ref, *, b
 
 
 def _check(q, k, bq, bk):
+  if jax.default_backend() == "tpu":
+    raise ValueError("attention 'pallas' is a Triton (GPU) kernel; on TPU use "
+                     "model.attention='xla'")
   d = q.shape[-1]
   if d & (d - 1) or d < MIN_TILE:
     raise ValueError(f"attention 'pallas': head_dim {d} must be a power of two >= {MIN_TILE} "

@@ -103,6 +103,9 @@ def attend_pallas(q, ck, cv, key_bias, scale, *, block: int = 128, num_warps: in
   from jax.experimental.pallas import triton as plt
   b, h, d = q.shape
   _, slots, kh, dk = ck.shape
+  if jax.default_backend() == "tpu":
+    raise ValueError("decode attention 'pallas' is a Triton (GPU) kernel; on TPU use "
+                     "model.decode_attention='xla'")
   if dk != d or d & (d - 1) or d < MIN_TILE:
     raise ValueError(f"decode attention 'pallas': head_dim {d} must be a power of two >= "
                      f"{MIN_TILE} (a Triton tile); model.decode_attention='xla' takes any")
