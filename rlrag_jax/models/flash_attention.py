@@ -37,14 +37,15 @@ _NEG = np.float32(np.finfo(np.float32).min)
 _HI = jax.lax.Precision.HIGHEST
 
 
-def _dot(a, b, contract):
+def dot_f32(a, b, contract):
+  """A kernel's tile product over dims `contract`, accumulated in float32."""
   return jax.lax.dot_general(a, b, (contract, ((), ())), preferred_element_type=jnp.float32,
                              precision=_HI)
 
 
 def _scores(q, kb, qpos, kpos, kmask, t_len, scale):
   """Scaled scores of a query tile against a key tile and where they are allowed."""
-  s = _dot(q, kb, ((1,), (1,))) * scale
+  s = dot_f32(q, kb, ((1,), (1,))) * scale
   ok = (kpos[None, :] <= qpos[:, None]) & kmask[None, :] & (kpos[None, :] < t_len)
   return s, ok
 
@@ -96,7 +97,7 @@ def _fwd_kernel(q_ref, k_ref, v_ref, m_ref, o_ref, lse_ref, *, bq, bk, groups, t
     p = jnp.where(ok, jnp.exp(s - m_new[:, None]), 0.0)
     corr = jnp.exp(mx - m_new)
     l = l * corr + jnp.sum(p, axis=1)
-    acc = acc * corr[:, None] + _dot(p.astype(vb.dtype), vb, ((1,), (0,)))
+    acc = acc * corr[:, None] + dot_f32(p.astype(vb.dtype), vb, ((1,), (0,)))
     return m_new, l, acc
 
   last = jnp.minimum(pl.cdiv(q0 + bq, bk), pl.cdiv(t_len, bk))      # blocks up to the diagonal
@@ -128,10 +129,10 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, m_ref, do_ref, lse_ref, dl_ref, dk_ref, dv
                                         i * bq, bq, t_len)
     s, ok = _scores(q, kb, qpos, kpos, km, t_len, scale)
     p = jnp.where(ok, jnp.exp(s - lse[:, None]), 0.0)                       # [bq, bk]
-    dv = dv + _dot(p.astype(do.dtype), do, ((0,), (0,)))
-    dp = _dot(do, vb, ((1,), (1,)))
+    dv = dv + dot_f32(p.astype(do.dtype), do, ((0,), (0,)))
+    dp = dot_f32(do, vb, ((1,), (1,)))
     ds = (p * (dp - dl[:, None]) * scale).astype(q.dtype)
-    dk = dk + _dot(ds, q, ((0,), (0,)))
+    dk = dk + dot_f32(ds, q, ((0,), (0,)))
     return dk, dv
 
   zeros = jnp.zeros((bk, kb.shape[1]), jnp.float32)
@@ -154,9 +155,9 @@ def _dq_kernel(q_ref, k_ref, v_ref, m_ref, do_ref, lse_ref, dl_ref, dq_ref, *, b
     kpos, kb, vb, km = _key_block(k_ref, v_ref, m_ref, b, kh, j * bk, bk, t_len)
     s, ok = _scores(q, kb, qpos, kpos, km, t_len, scale)
     p = jnp.where(ok, jnp.exp(s - lse[:, None]), 0.0)
-    dp = _dot(do, vb, ((1,), (1,)))
+    dp = dot_f32(do, vb, ((1,), (1,)))
     ds = (p * (dp - dl[:, None]) * scale).astype(kb.dtype)
-    return dq + _dot(ds, kb, ((1,), (0,)))
+    return dq + dot_f32(ds, kb, ((1,), (0,)))
 
   last = jnp.minimum(pl.cdiv(q0 + bq, bk), pl.cdiv(t_len, bk))
   dq = jax.lax.fori_loop(0, last, step, jnp.zeros((bq, q.shape[1]), jnp.float32))
@@ -164,10 +165,22 @@ def _dq_kernel(q_ref, k_ref, v_ref, m_ref, do_ref, lse_ref, dl_ref, dq_ref, *, b
             mask=(qpos < t_len)[:, None])
 
 
-def _check(q, k, bq, bk):
+def refuse_tpu(setting: str) -> None:
+  """The Pallas kernels here and in `sampling.cache_attention` are Triton (GPU) kernels."""
   if jax.default_backend() == "tpu":
-    raise ValueError("attention 'pallas' is a Triton (GPU) kernel; on TPU use "
-                     "model.attention='xla'")
+    raise ValueError(f"{setting}='pallas' is a Triton (GPU) kernel; on TPU use "
+                     f"{setting}='xla'")
+
+
+def lowered_where_compiled(call, *args):
+  """`call(interpret, *args)` lowered where the program is compiled: the Triton kernel for a
+  GPU (also when a CPU host compiles for one), Pallas' interpreter for a CPU run."""
+  return jax.lax.platform_dependent(*args, cpu=functools.partial(call, True),
+                                    default=functools.partial(call, False))
+
+
+def _check(q, k, bq, bk):
+  refuse_tpu("model.attention")
   d = q.shape[-1]
   if d & (d - 1) or d < MIN_TILE:
     raise ValueError(f"attention 'pallas': head_dim {d} must be a power of two >= {MIN_TILE} "
@@ -180,8 +193,7 @@ def _check(q, k, bq, bk):
 
 
 def _call(kernel, grid, outs, args, **kw):
-  """pallas_call with whole-array refs, lowered where compiled: the Triton kernel for a GPU
-  (also when a CPU host compiles for one), Pallas' interpreter for a CPU run."""
+  """pallas_call with whole-array refs, `lowered_where_compiled`."""
   from jax.experimental import pallas as pl
   from jax.experimental.pallas import triton as plt
   whole = pl.BlockSpec(memory_space=pl.ANY)
@@ -193,8 +205,7 @@ def _call(kernel, grid, outs, args, **kw):
         compiler_params=plt.CompilerParams(num_warps=4, num_stages=2),
         interpret=interpret, name=kernel.__name__.strip("_"))(*a)
 
-  return jax.lax.platform_dependent(*args, cpu=functools.partial(call, True),
-                                    default=functools.partial(call, False))
+  return lowered_where_compiled(call, *args)
 
 
 def _forward(q, k, v, key_mask, bq, bk):

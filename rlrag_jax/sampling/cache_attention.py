@@ -30,8 +30,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rlrag_jax.models import flash_attention as fa
+
 IMPLS = ("xla", "pallas")
-MIN_TILE = 16            # Triton's dot: every tile dimension at least 16
+MIN_TILE = fa.MIN_TILE   # Triton's dot: every tile dimension at least 16
 
 
 def attend(q, ck, cv, key_bias, scale, impl: str = "xla", *, block: int = 128):
@@ -75,9 +77,7 @@ def _kernel(q_ref, k_ref, v_ref, bias_ref, o_ref, *, block: int, slots: int, sca
     kb = plt.load(k_ref.at[b, pl.ds(start, block), h, :], mask=ok[:, None], other=0)
     vb = plt.load(v_ref.at[b, pl.ds(start, block), h, :], mask=ok[:, None], other=0)
     bias = plt.load(bias_ref.at[b, pl.ds(start, block)], mask=ok, other=0)
-    s = jax.lax.dot_general(q, kb, (((1,), (1,)), ((), ())),
-                            preferred_element_type=jnp.float32,
-                            precision=jax.lax.Precision.HIGHEST) * scale + bias[None, :]
+    s = fa.dot_f32(q, kb, ((1,), (1,))) * scale + bias[None, :]
     s = jnp.where(ok[None, :], s, -jnp.inf)    # past the cache's end: no slot at all
     m_new = jnp.maximum(m, jnp.max(s, axis=1))
     # A block of masked slots only (left padding) gives p = 1 while m is the float32 minimum;
@@ -85,10 +85,7 @@ def _kernel(q_ref, k_ref, v_ref, bias_ref, o_ref, *, block: int, slots: int, sca
     alpha = jnp.exp(m - m_new)
     p = jnp.exp(s - m_new[:, None])
     l = l * alpha + jnp.sum(p, axis=1)
-    pv = jax.lax.dot_general(p.astype(vb.dtype), vb, (((1,), (0,)), ((), ())),
-                             preferred_element_type=jnp.float32,
-                             precision=jax.lax.Precision.HIGHEST)
-    return m_new, l, acc * alpha[:, None] + pv
+    return m_new, l, acc * alpha[:, None] + fa.dot_f32(p.astype(vb.dtype), vb, ((1,), (0,)))
 
   init = (jnp.full((g,), neg, jnp.float32), jnp.zeros((g,), jnp.float32),
           jnp.zeros((g, q.shape[1]), jnp.float32))
@@ -96,16 +93,13 @@ def _kernel(q_ref, k_ref, v_ref, bias_ref, o_ref, *, block: int, slots: int, sca
   o_ref[...] = (acc / l[:, None]).astype(o_ref.dtype)
 
 
-def attend_pallas(q, ck, cv, key_bias, scale, *, block: int = 128, num_warps: int = 4,
-                  num_stages: int = 2, interpret=None):
-  """The 'pallas' implementation (module doc). `interpret` None: on a CPU backend."""
+def attend_pallas(q, ck, cv, key_bias, scale, *, block: int = 128):
+  """The 'pallas' implementation (module doc)."""
   from jax.experimental import pallas as pl
   from jax.experimental.pallas import triton as plt
   b, h, d = q.shape
   _, slots, kh, dk = ck.shape
-  if jax.default_backend() == "tpu":
-    raise ValueError("decode attention 'pallas' is a Triton (GPU) kernel; on TPU use "
-                     "model.decode_attention='xla'")
+  fa.refuse_tpu("model.decode_attention")
   if dk != d or d & (d - 1) or d < MIN_TILE:
     raise ValueError(f"decode attention 'pallas': head_dim {d} must be a power of two >= "
                      f"{MIN_TILE} (a Triton tile); model.decode_attention='xla' takes any")
@@ -119,7 +113,7 @@ def attend_pallas(q, ck, cv, key_bias, scale, *, block: int = 128, num_warps: in
     qg = jnp.pad(qg, ((0, 0), (0, 0), (0, gp - g), (0, 0)))
   whole = pl.BlockSpec(memory_space=pl.ANY)
 
-  def call(interpret_here, *args):
+  def call(interpret, *args):
     return pl.pallas_call(
         functools.partial(_kernel, block=block, slots=slots, scale=float(scale)),
         out_shape=jax.ShapeDtypeStruct((b, kh, gp, d), q.dtype),
@@ -127,14 +121,8 @@ def attend_pallas(q, ck, cv, key_bias, scale, *, block: int = 128, num_warps: in
         in_specs=[pl.BlockSpec((None, None, gp, d), lambda i, j: (i, j, 0, 0)), whole, whole,
                   whole],
         out_specs=pl.BlockSpec((None, None, gp, d), lambda i, j: (i, j, 0, 0)),
-        compiler_params=plt.CompilerParams(num_warps=num_warps, num_stages=num_stages),
-        interpret=interpret_here, name="decode_cache_attention")(*args)
+        compiler_params=plt.CompilerParams(num_warps=4, num_stages=2),
+        interpret=interpret, name="decode_cache_attention")(*args)
 
-  args = (qg, ck, cv, key_bias.astype(jnp.float32))
-  if interpret is None:        # chosen where the program is lowered: a GPU plan compiled on a
-    out = jax.lax.platform_dependent(           # CPU host gets the kernel, a CPU run the
-        *args, cpu=functools.partial(call, True),   # interpreter
-        default=functools.partial(call, False))
-  else:
-    out = call(interpret, *args)
+  out = fa.lowered_where_compiled(call, qg, ck, cv, key_bias.astype(jnp.float32))
   return out[:, :, :g]
