@@ -302,7 +302,6 @@ def bench_hf_generate(spec: dict, clock: Clock) -> dict:
 # ------------------------------------------------------------------------------------ update
 def bench_update(spec: dict, dev: dict, clock: Clock, attention: str = "xla") -> dict:
   import jax
-  import jax.numpy as jnp
   import numpy as np
   from rlrag_jax import rl
   from rlrag_jax.models import sharding as shd
