@@ -36,10 +36,12 @@ per device) and cost analysis (flops, bytes accessed: per device), beside an ide
            on the micro-batch). Ideal: arguments.
   attention  one layer's attention forward and backward at the update's micro-batch shape
            (`--parts attention`; not in the default parts; `--attention pallas`: the Pallas
-           kernels of `models.flash_attention`, also for the update and log-prob rows). Ideal: q, k, v read and the output written, then q, k, v, the output and
+           kernels of `models.flash_attention`, also for the update, log-prob and prefill
+           rows). Ideal: q, k, v read and the output written, then q, k, v, the output and
            its gradient read and dq, dk, dv written.
-  prefill  the sampler's prompt prefill into a KV cache (`sampling.sampler.prefill`), the
-           prompt half of `--tokens`. Ideal: arguments (params and cache) + the new KV.
+  prefill  the sampler's prompt prefill into a fresh KV cache (`sampling.sampler.prefill`,
+           empty_cache), the prompt half of `--tokens`. Ideal: arguments (params and cache) +
+           the new KV.
   decode   one decode step of the sampler's loop (`sampling.fast_decode.decode_step` over the
            packed compute-dtype weights), `--decode-batch` rows over `--cached` cached tokens,
            the cache donated; `--decode-attention pallas` with the attention as one Pallas
@@ -353,8 +355,9 @@ def compile_prefill(cfg, mesh, batch: int, prompt: int, cache_len: int) -> dict:
   params = _abstract(shd.param_shapes(DecoderLM(cfg)), rep)
   ids = jax.ShapeDtypeStruct((batch, prompt), jnp.int32, sharding=rep)
   cache = _cache_abstract(cfg, batch, cache_len, rep)
-  compiled, secs = _timed_compile(jax.jit(sampler.prefill.__wrapped__, static_argnums=0,
-                                          donate_argnums=4), cfg, params, ids, ids, cache)
+  fresh = lambda c, p, i, m, k: sampler.prefill.__wrapped__(c, p, i, m, k, empty_cache=True)
+  compiled, secs = _timed_compile(jax.jit(fresh, static_argnums=0, donate_argnums=4),
+                                  cfg, params, ids, ids, cache)
   kv_new = 2 * cfg.num_layers * batch * prompt * cfg.num_kv_heads * cfg.head_dim * \
       jnp.dtype(cfg.compute_dtype).itemsize
   ideal = _bytes(params) + _bytes(cache) + kv_new

@@ -83,7 +83,8 @@ class ModelConfig:
                                         # the blocks as one `lax.scan` over their stacked
                                         # params: one layer compiled, and gathered, at a time
   attention: str = "xla"                # the cache-free forward's attention (updates,
-                                        # log-probs): 'xla' (dense or key-blocked, see
+                                        # log-probs, the sampler's prefill into a fresh
+                                        # cache): 'xla' (dense or key-blocked, see
                                         # attention_block) | 'pallas' (models.flash_attention)
   decode_attention: str = "xla"         # the sampler's decode-step attention over the KV
                                         # cache: 'xla' | 'pallas' (sampling.cache_attention)

@@ -188,8 +188,10 @@ class Attention(nn.Module):
   config: ModelConfig
 
   @nn.compact
-  def __call__(self, x, cos, sin, allowed, layer_cache):
-    """x [B,T,E]; allowed [B,1,T,S] bool; layer_cache None or (k, v, index) with k/v [B,S,K,D]."""
+  def __call__(self, x, cos, sin, allowed, layer_cache, empty_cache: bool = False):
+    """x [B,T,E]; allowed [B,1,T,S] bool; layer_cache None or (k, v, index) with k/v [B,S,K,D].
+    empty_cache (static): the cache holds nothing yet (index 0), so attending over it equals
+    attending over these T tokens alone, which lets a prefill use the flash kernel."""
     cfg = self.config
     e, h, k_h, d = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     q = _einsum((e, h, d), "bte,ehd->bthd", ("embed", "heads", "head_dim"), cfg, "q_proj",
@@ -205,15 +207,18 @@ class Attention(nn.Module):
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
     q = _constrain(q, ("activation_batch", "activation_length", "activation_heads", None))
     new_kv = None
+    t = q.shape[1]
+    own_k, own_v = k, v
     if layer_cache is not None:
       ck, cv, index = layer_cache
       k = jax.lax.dynamic_update_slice(ck, k.astype(ck.dtype), (0, index, 0, 0))
       v = jax.lax.dynamic_update_slice(cv, v.astype(cv.dtype), (0, index, 0, 0))
       new_kv = {"k": k, "v": v}
-    if cfg.attention == "pallas" and layer_cache is None and q.shape[1] > 1:
-      # Without a cache `allowed` is causal & the key mask (Backbone), so its last query row
-      # is the key mask itself.
-      out = _flash(q, k, v, allowed[:, 0, -1, :])
+    if cfg.attention == "pallas" and t > 1 and (layer_cache is None or empty_cache):
+      # Without a cache, or into an empty one (the T tokens sit in slots 0..T-1, the rest are
+      # masked), `allowed` is causal & the key mask (Backbone), so its last query row over the
+      # first T slots is the tokens' own key mask.
+      out = _flash(q, own_k.astype(q.dtype), own_v.astype(q.dtype), allowed[:, 0, -1, :t])
     elif cfg.attention_block > 0 and q.shape[1] > 1:
       out = attend_blocked(q, k.astype(q.dtype), v.astype(q.dtype), allowed,
                            cfg.attention_block)                     # [B, T, H, D]
@@ -393,11 +398,11 @@ class Block(nn.Module):
   config: ModelConfig
 
   @nn.compact
-  def __call__(self, x, cos, sin, allowed, layer_cache):
+  def __call__(self, x, cos, sin, allowed, layer_cache, empty_cache: bool = False):
     cfg = self.config
     norm = lambda name: RMSNorm(cfg.rms_norm_eps, cfg.compute_dtype, cfg.params_dtype, name=name)
     y, new_kv = Attention(cfg, name="self_attn")(norm("input_layernorm")(x), cos, sin, allowed,
-                                                 layer_cache)
+                                                 layer_cache, empty_cache)
     x = x + y
     x = x + MLP(cfg, name="mlp")(norm("post_attention_layernorm")(x))
     x = _constrain(x, ("activation_batch", "activation_length", "activation_embed"))
@@ -478,7 +483,9 @@ class Backbone(nn.Module):
     self.layers = [Block(cfg, name=f"layers_{i}") for i in range(cfg.num_layers)]
     self.norm = RMSNorm(cfg.rms_norm_eps, cfg.compute_dtype, cfg.params_dtype)
 
-  def __call__(self, input_ids, attention_mask=None, positions=None, cache=None):
+  def __call__(self, input_ids, attention_mask=None, positions=None, cache=None,
+               empty_cache: bool = False):
+    """empty_cache (static, with a cache): it holds nothing yet (a fresh `init_cache`)."""
     b, t = input_ids.shape
     if attention_mask is None:
       attention_mask = jnp.ones((b, t), jnp.bool_)
@@ -513,7 +520,7 @@ class Backbone(nn.Module):
         x, kv = block_fn(layer.variables["params"], x, cos, sin, allowed), None
       else:
         lc = None if cache is None else (cache["layers"][i]["k"], cache["layers"][i]["v"], index)
-        x, kv = layer(x, cos, sin, allowed, lc)
+        x, kv = layer(x, cos, sin, allowed, lc, empty_cache and cache is not None)
       new_layers.append(kv)
     x = self.norm(x)
     new_cache = None

@@ -118,7 +118,7 @@ class CachedContexts:
                        f"{short[0] if short else '-'} has fewer), and there must be one")
     ids, mask = S.left_pad([p[:-1] for p in prompts], self.pad_id, length=prompt_length)
     cache = init_cache(self.config, ids.shape[0], ids.shape[1])
-    _, self.cache = S.prefill(self.config, self.params, ids, mask, cache)
+    _, self.cache = S.prefill(self.config, self.params, ids, mask, cache, empty_cache=True)
     self.rows = len(prompts)
     self.cached = np.asarray([len(p) - 1 for p in prompts], np.int64)
     self.pending = [[p[-1]] for p in prompts]

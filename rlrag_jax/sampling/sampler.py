@@ -210,16 +210,19 @@ def sample_logits(logits, rng, temperature=1.0, top_p=1.0, *, mode: SamplingMode
 
 
 # --------------------------------------------------------------------------- model calls
-def _last_logits(module: DecoderLM, ids, mask, cache):
+def _last_logits(module: DecoderLM, ids, mask, cache, empty_cache: bool = False):
   """Like DecoderLM.__call__ but projects only the last position onto the vocab."""
-  h, cache = module.model(ids, mask, None, cache)
+  h, cache = module.model(ids, mask, None, cache, empty_cache)
   h = h[:, -1:]
   logits = module.model.attend(h) if module.config.tie_word_embeddings else module.lm_head(h)
   return logits[:, 0].astype(jnp.float32), cache
 
 
-def _prefill_impl(config, params, ids, mask, cache):
-  return DecoderLM(config).apply({"params": params}, ids, mask, cache, method=_last_logits)
+def _prefill_impl(config, params, ids, mask, cache, empty_cache: bool = False):
+  """empty_cache (static): `cache` is fresh from `init_cache` (with `model.attention='pallas'`
+  the prefill's attention is then the flash kernel over the prompt alone)."""
+  return DecoderLM(config).apply({"params": params}, ids, mask, cache, empty_cache,
+                                 method=_last_logits)
 
 
 def _decode_impl(config, params, tokens, active, cache):
@@ -227,10 +230,12 @@ def _decode_impl(config, params, tokens, active, cache):
                                  method=_last_logits)
 
 
-@functools.partial(jax.jit, static_argnums=0, donate_argnums=4)
-def prefill(config: ModelConfig, params, ids, mask, cache):
-  """ids/mask [B, T] (left padded) written at cache['index'] -> (last logits [B, V] f32, cache)."""
-  return _prefill_impl(config, params, ids, mask.astype(jnp.bool_), cache)
+@functools.partial(jax.jit, static_argnums=0, static_argnames="empty_cache", donate_argnums=4)
+def prefill(config: ModelConfig, params, ids, mask, cache, *, empty_cache: bool = False):
+  """ids/mask [B, T] (left padded) written at cache['index'] -> (last logits [B, V] f32, cache).
+  empty_cache=True promises a fresh `init_cache` (index 0): with `model.attention='pallas'`
+  the attention is then the flash kernel over the prompt (results are wrong if it is not)."""
+  return _prefill_impl(config, params, ids, mask.astype(jnp.bool_), cache, empty_cache)
 
 
 @functools.partial(jax.jit, static_argnums=0, donate_argnums=4)
@@ -339,7 +344,7 @@ def _generate_jit(params, ids, mask, rng, row_max, temperature, top_p, eos_ids, 
                   keep_cache: bool = False):
   unique, p = ids.shape
   cache = init_cache(config, unique, p + max_new)
-  logits, cache = _prefill_impl(config, params, ids, mask, cache)
+  logits, cache = _prefill_impl(config, params, ids, mask, cache, empty_cache=True)
   if group > 1:      # one prefill per distinct prompt; its rows forked to the group's samples
     fork = lambda x: jnp.repeat(x, group, axis=0) if x.ndim else x
     cache = jax.tree_util.tree_map(fork, cache)

@@ -124,3 +124,38 @@ def test_a_cpu_run_with_the_pallas_attentions_is_warned_that_they_are_interprete
   c.model.attention = "xla"
   steps._warn_interpreted_kernels(c.model)
   assert caplog.text == ""
+
+
+def test_the_sampler_prefill_into_a_fresh_cache_runs_the_kernel_and_equals_xla():
+  """With model.attention='pallas' the sampler's prefill into a fresh cache (empty_cache) is the
+  flash kernel over the prompt: the same last logits, cache and greedy continuations as 'xla';
+  lowered for CUDA it is one Triton call a layer, and none when the cache may hold a prefix."""
+  from rlrag_jax.models.decoder import init_cache
+  from rlrag_jax.sampling import sampler
+  cfg = ModelConfig(vocab_size=61, hidden_size=64, intermediate_size=96, num_layers=2,
+                    num_heads=4, num_kv_heads=2, head_dim=16)
+  cfg_p = cfg.replace(attention="pallas")
+  params = init_params(DecoderLM(cfg), jax.random.PRNGKey(1))
+  rng = np.random.default_rng(1)
+  ids = jnp.asarray(rng.integers(3, 61, (3, 19)), jnp.int32)
+  mask = jnp.asarray(np.arange(19)[None, :] >= np.array([[0], [11], [4]]))
+  (lx, cx), (lp, cp) = (sampler.prefill(c, params, ids, mask, init_cache(c, 3, 27),
+                                        empty_cache=True) for c in (cfg, cfg_p))
+  np.testing.assert_allclose(np.asarray(lp), np.asarray(lx), atol=2e-5, rtol=1e-5)
+  assert int(cp["index"]) == int(cx["index"]) == 19
+  live = np.asarray(cx["mask"])
+  assert np.array_equal(np.asarray(cp["mask"]), live) and live.sum() == 19 + 8 + 15
+  # Padding slots (never read) differ past the first layer: a query with no key gets zeros from
+  # the kernel and a uniform average from the dense softmax.
+  for a, b in zip(jax.tree_util.tree_leaves(cp["layers"]), jax.tree_util.tree_leaves(cx["layers"])):
+    np.testing.assert_allclose(np.asarray(a)[live], np.asarray(b)[live], atol=1e-5, rtol=1e-5)
+  prompts = [list(map(int, rng.integers(3, 61, n))) for n in (4, 9, 2)]
+  gen = [sampler.generate_with_params(c, params, prompts, max_new_tokens=5, temperature=0.0,
+                                      eos_ids=(), rng=0) for c in (cfg, cfg_p)]
+  assert np.array_equal(np.asarray(gen[0].tokens), np.asarray(gen[1].tokens))
+
+  def triton_calls(empty_cache):
+    cache = jax.eval_shape(lambda: init_cache(cfg_p, 3, 27))
+    lowered = sampler.prefill.trace(cfg_p, params, ids, mask, cache, empty_cache=empty_cache)
+    return lowered.lower(lowering_platforms=("cuda",)).as_text().count("__gpu$xla.gpu.triton")
+  assert triton_calls(True) == cfg.num_layers and triton_calls(False) == 0
