@@ -27,7 +27,10 @@ trainer (`rlrag_jax.trainer`) reads these sections for every method:
             run on one: rlrag_jax/models/flash_attention.py; attention_block is then unused),
             decode_attention (the sampler's attention over the KV cache: 'xla', or 'pallas',
             one Pallas kernel a layer made for GPUs, not yet run on one:
-            rlrag_jax/sampling/cache_attention.py), and the from-scratch shape
+            rlrag_jax/sampling/cache_attention.py), decode_attention_splits (with 'pallas':
+            the cache split into this many ranges of blocks, combined after, so that a small
+            batch still fills the GPU; 0: as many as reach cache_attention.MIN_PROGRAMS
+            programs, 1: one pass), and the from-scratch shape
             (vocab_size is the size of the tokenizer trained on the world's text).
   mesh      data / fsdp / tensor axis sizes (-1: the rest of the devices).
   distributed  jax.distributed.initialize arguments for multi-host runs.
@@ -129,7 +132,7 @@ def trainer_config(method: str, workdir: str) -> ml_collections.ConfigDict:
       # A chat template that reads `enable_thinking` (Qwen3's): False renders the empty think
       # block, so the model answers directly; True lets it open <think> (models.lm.encode_prompt).
       thinking=False, remat=False, scan_layers=False, attention="xla",
-      decode_attention="xla",
+      decode_attention="xla", decode_attention_splits=0,
       attention_block=0, vocab_size=2048, hidden_size=128, intermediate_size=384, num_layers=4, num_heads=4,
       num_kv_heads=2, head_dim=32, max_position_embeddings=1024))
 

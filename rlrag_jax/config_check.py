@@ -214,6 +214,7 @@ def shared_rules() -> dict:
       "model.attention_block": COUNT_OR_OFF,
       "model.attention": OneOf(cache_attention.IMPLS),
       "model.decode_attention": OneOf(cache_attention.IMPLS),
+      "model.decode_attention_splits": COUNT_OR_OFF,
       "model.vocab_size": COUNT,
       "model.hidden_size": COUNT,
       "model.intermediate_size": COUNT,

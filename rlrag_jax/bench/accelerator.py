@@ -165,31 +165,45 @@ def default_decode_attentions() -> tuple:
 def bench_sampler(spec: dict, dev: dict, clock: Clock, profile: str = "",
                   attentions: tuple = ("xla",)) -> list:
   """Rows per (decode attention, batch); a 'pallas' row also gives the share of its greedy
-  tokens equal to the 'xla' row's (`tokens_equal_xla`: bf16 rounding may flip near-ties)."""
+  tokens equal to the 'xla' row's (`tokens_equal_xla`: bf16 rounding may flip near-ties) and
+  the cache ranges its kernel used (`splits`). Where the kernel splits the cache (a batch too
+  small to fill the GPU), the same batch is timed in one pass too (splits 1)."""
   import jax
   from rlrag_jax.models.decoder import DecoderLM, init_params
+  from rlrag_jax.sampling import cache_attention
   base = _model_config(spec)
   params = init_params(DecoderLM(base), jax.random.PRNGKey(0))
-  rows, tokens = [], {}
+  length = spec["prompt"] + spec["new_tokens"]
+  ranges = lambda b: cache_attention.auto_splits(b, base.num_kv_heads, length,
+                                                 cache_attention.BLOCK)
+  runs = []
   for impl in attentions:
-    cfg = base.replace(decode_attention=impl)
-    for b in spec["batches"]:
-      if clock.left() < 45:
-        _say(f"[sampler] {impl} attention, batch {b}: skipped (budget)")
-        continue
-      row, out_tokens = _sampler_row(cfg, params, spec, dev, b, profile)
-      tokens[impl, b] = out_tokens
-      if impl != "xla" and ("xla", b) in tokens:
-        row["tokens_equal_xla"] = float((out_tokens == tokens["xla", b]).mean())
-      rows.append(row)
-      _say(f"[sampler] {impl} attention, batch {b}: {row['tok_s']:,.0f} tok/s "
-           f"({row['seconds']:.3f} s per call; first call {row['first_call_s']:.1f} s with "
-           f"compile); roofline {row['roofline_tok_s']:,.0f} tok/s at the measured copy "
-           f"bandwidth ({row['frac_roofline']:.1%}), {row['roofline_datasheet_tok_s']:,.0f} at "
-           f"{H100_HBM_TBS} TB/s; per step: loop {row['loop_step_ms']:.2f} ms, decode step "
-           f"alone {row['decode_step_ms']:.2f} ms"
-           + (f"; greedy tokens equal to xla's: {row['tokens_equal_xla']:.1%}"
-              if "tokens_equal_xla" in row else ""))
+    runs += [(impl, 0, b) for b in spec["batches"]]
+    if impl == "pallas":
+      runs += [(impl, 1, b) for b in spec["batches"]
+               if ranges(b) > 1][:1]
+  rows, tokens = [], {}
+  for impl, splits, b in runs:
+    cfg = base.replace(decode_attention=impl, decode_attention_splits=splits)
+    name = impl if not splits else f"{impl} (splits {splits})"
+    if clock.left() < 45:
+      _say(f"[sampler] {name} attention, batch {b}: skipped (budget)")
+      continue
+    row, out_tokens = _sampler_row(cfg, params, spec, dev, b, profile)
+    if impl == "pallas":
+      row["splits"] = splits or ranges(b)
+    tokens[impl, b] = out_tokens
+    if impl != "xla" and ("xla", b) in tokens:
+      row["tokens_equal_xla"] = float((out_tokens == tokens["xla", b]).mean())
+    rows.append(row)
+    _say(f"[sampler] {name} attention, batch {b}: {row['tok_s']:,.0f} tok/s "
+         f"({row['seconds']:.3f} s per call; first call {row['first_call_s']:.1f} s with "
+         f"compile); roofline {row['roofline_tok_s']:,.0f} tok/s at the measured copy "
+         f"bandwidth ({row['frac_roofline']:.1%}), {row['roofline_datasheet_tok_s']:,.0f} at "
+         f"{H100_HBM_TBS} TB/s; per step: loop {row['loop_step_ms']:.2f} ms, decode step "
+         f"alone {row['decode_step_ms']:.2f} ms"
+         + (f"; greedy tokens equal to xla's: {row['tokens_equal_xla']:.1%}"
+            if "tokens_equal_xla" in row else ""))
   return rows
 
 
@@ -234,7 +248,9 @@ def _sampler_row(cfg, params, spec: dict, dev: dict, b: int, profile: str) -> tu
   logits.block_until_ready()
   step_s = (time.perf_counter() - t) / n
   if profile:      # a trace of a few decode steps: the kernels of one step and their times
-    with jax.profiler.trace(str(pathlib.Path(profile) / f"decode_{cfg.decode_attention}_b{b}")):
+    name = f"decode_{cfg.decode_attention}_b{b}" + (
+        f"_splits{cfg.decode_attention_splits}" if cfg.decode_attention_splits else "")
+    with jax.profiler.trace(str(pathlib.Path(profile) / name)):
       for _ in range(5):
         logits, cache = step(cfg, packed, toks, act, cache)
         cache["index"] = jnp.int32(spec["prompt"] + spec["new_tokens"] // 2)
@@ -448,7 +464,9 @@ def summary(res: dict) -> str:
     ref = hf.get(r["batch"])
     vs = f"; HF generate {ref['tok_s']:,.0f} tok/s, ratio {r['tok_s'] / ref['tok_s']:.1f}x" \
         if ref else ""
-    lines.append(f"  sampler {r.get('decode_attention', 'xla')} attention, batch "
+    split = f" (cache in {r['splits']} ranges)" if r.get("splits", 1) > 1 else \
+        (" (one pass)" if "splits" in r else "")
+    lines.append(f"  sampler {r.get('decode_attention', 'xla')} attention{split}, batch "
                  f"{r['batch']}: {r['tok_s']:,.0f} tok/s = "
                  f"{r['frac_roofline']:.1%} of the decode roofline "
                  f"({r['roofline_tok_s']:,.0f}){vs}")

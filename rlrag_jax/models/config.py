@@ -88,6 +88,8 @@ class ModelConfig:
                                         # attention_block) | 'pallas' (models.flash_attention)
   decode_attention: str = "xla"         # the sampler's decode-step attention over the KV
                                         # cache: 'xla' | 'pallas' (sampling.cache_attention)
+  decode_attention_splits: int = 0      # 'pallas': ranges the cache is split into (0: the
+                                        # fewest that give cache_attention.MIN_PROGRAMS)
 
   @property
   def compute_dtype(self):

@@ -18,6 +18,13 @@ float32 minimum where not; see `fast_decode.decode_step`). Two implementations, 
             smallest tile Triton's dot takes). On a CPU backend the same kernel runs in Pallas'
             interpreter (slow; for tests).
 
+            A grid of B x K programs underfills a GPU when B x K is small (a tree's few
+            branches, a tool loop's turn): below `MIN_PROGRAMS` programs the cache is split
+            into `splits` ranges of blocks (flash-decoding), a program per (row, KV head,
+            range) writes its unnormalised sum with its running max and sum, and XLA combines
+            the ranges (`splits`: None picks the fewest ranges that reach MIN_PROGRAMS; a count
+            is cut to one range a block; 1 is the single pass above).
+
 The kernel is written for GPUs; it has been compiled for an H100 (bench.memory --gpu h100) and
 checked against 'xla' in the interpreter (tests/sampling/test_cache_attention.py), but it has
 not yet run on a GPU: `bench.accelerator` times both on one when a session is lent a GPU.
@@ -34,14 +41,17 @@ from rlrag_jax.models import flash_attention as fa
 
 IMPLS = ("xla", "pallas")
 MIN_TILE = fa.MIN_TILE   # Triton's dot: every tile dimension at least 16
+MIN_PROGRAMS = 256       # ~2 programs per SM of an H100 (132 SMs): fewer leave SMs idle
+BLOCK = 128              # cache slots a kernel step reads
 
 
-def attend(q, ck, cv, key_bias, scale, impl: str = "xla", *, block: int = 128):
+def attend(q, ck, cv, key_bias, scale, impl: str = "xla", *, block: int = BLOCK,
+           splits: int | None = None):
   """Attention of each row's query heads over its cache: [B, K, G, D] in q's dtype."""
   if impl == "xla":
     return _attend_xla(q, ck, cv, key_bias, scale)
   if impl == "pallas":
-    return attend_pallas(q, ck, cv, key_bias, scale, block=block)
+    return attend_pallas(q, ck, cv, key_bias, scale, block=block, splits=splits)
   raise ValueError(f"decode attention {impl!r}: expected one of {IMPLS}")
 
 
@@ -60,13 +70,18 @@ def _pow2_at_least(n: int, floor: int) -> int:
   return max(floor, 1 << max(0, int(n) - 1).bit_length())
 
 
-def _kernel(q_ref, k_ref, v_ref, bias_ref, o_ref, *, block: int, slots: int, scale: float):
-  """One program: row b, KV head h. q_ref [G', D]; k_ref / v_ref the whole [B, S, K, D] caches
-  (read block by block, the tail masked); bias_ref the whole [B, S]; o_ref [G', D]."""
+def auto_splits(rows: int, kv_heads: int, slots: int, block: int) -> int:
+  """The fewest cache ranges whose programs (rows x KV heads x ranges) reach MIN_PROGRAMS, at
+  most one range a block."""
+  need = -(-MIN_PROGRAMS // max(1, rows * kv_heads))
+  return max(1, min(need, -(-slots // block)))
+
+
+def _online_softmax(q, k_ref, v_ref, bias_ref, b, h, first, last, *, block, slots, scale):
+  """Running max m [G'], sum l [G'] and unnormalised output acc [G', D] (f32) of query tile q
+  over cache blocks first .. last-1 of row b, KV head h."""
   from jax.experimental import pallas as pl
   from jax.experimental.pallas import triton as plt
-  b, h = pl.program_id(0), pl.program_id(1)
-  q = q_ref[...]
   g = q.shape[0]
   neg = np.float32(np.finfo(np.float32).min)
 
@@ -89,11 +104,45 @@ def _kernel(q_ref, k_ref, v_ref, bias_ref, o_ref, *, block: int, slots: int, sca
 
   init = (jnp.full((g,), neg, jnp.float32), jnp.zeros((g,), jnp.float32),
           jnp.zeros((g, q.shape[1]), jnp.float32))
-  _, l, acc = jax.lax.fori_loop(0, pl.cdiv(slots, block), step, init)
+  return jax.lax.fori_loop(first, last, step, init)
+
+
+def _kernel(q_ref, k_ref, v_ref, bias_ref, o_ref, *, block: int, slots: int, scale: float):
+  """One program: row b, KV head h. q_ref [G', D]; k_ref / v_ref the whole [B, S, K, D] caches
+  (read block by block, the tail masked); bias_ref the whole [B, S]; o_ref [G', D]."""
+  from jax.experimental import pallas as pl
+  b, h = pl.program_id(0), pl.program_id(1)
+  _, l, acc = _online_softmax(q_ref[...], k_ref, v_ref, bias_ref, b, h, 0,
+                              pl.cdiv(slots, block), block=block, slots=slots, scale=scale)
   o_ref[...] = (acc / l[:, None]).astype(o_ref.dtype)
 
 
-def attend_pallas(q, ck, cv, key_bias, scale, *, block: int = 128):
+def _split_kernel(q_ref, k_ref, v_ref, bias_ref, acc_ref, m_ref, l_ref, *, block: int,
+                  slots: int, scale: float, per: int):
+  """One program: row b, KV head h, cache blocks [r * per, (r + 1) * per). Writes the range's
+  unnormalised output acc_ref [G', D] and its running max m_ref / sum l_ref [G'] (f32); a range
+  past the cache's end writes m = float32 minimum, l = 0, acc = 0."""
+  from jax.experimental import pallas as pl
+  b, h, r = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+  first = r * per
+  last = jnp.minimum(first + per, pl.cdiv(slots, block))
+  m, l, acc = _online_softmax(q_ref[...], k_ref, v_ref, bias_ref, b, h, first, last,
+                              block=block, slots=slots, scale=scale)
+  acc_ref[...], m_ref[...], l_ref[...] = acc, m, l
+
+
+def _combine(acc, m, l):
+  """Ranges' partials acc [B, K, R, G', D], m / l [B, K, R, G'] -> [B, K, G', D] f32. Each
+  range is weighted by exp(its max - the overall max); a range of masked slots only (max the
+  float32 minimum) weighs 0 beside any real slot, and a row with no slot at all averages its
+  masked slots as the single pass does."""
+  top = jnp.max(m, axis=2, keepdims=True)
+  w = jnp.exp(m - top)                                              # [B, K, R, G']
+  return jnp.sum(w[..., None] * acc, axis=2) / jnp.sum(w * l, axis=2)[..., None]
+
+
+def attend_pallas(q, ck, cv, key_bias, scale, *, block: int = BLOCK,
+                  splits: int | None = None):
   """The 'pallas' implementation (module doc)."""
   from jax.experimental import pallas as pl
   from jax.experimental.pallas import triton as plt
@@ -111,18 +160,44 @@ def attend_pallas(q, ck, cv, key_bias, scale, *, block: int = 128):
   qg = q.reshape(b, kh, g, d)
   if gp != g:
     qg = jnp.pad(qg, ((0, 0), (0, 0), (0, gp - g), (0, 0)))
+  blocks = -(-slots // block)
+  if splits is not None and int(splits) < 1:
+    raise ValueError(f"decode attention 'pallas': splits {splits} must be >= 1 (None: "
+                     f"auto_splits)")
+  # at most one range a block (a fixed count meets caches of any length)
+  splits = auto_splits(b, kh, slots, block) if splits is None else min(int(splits), blocks)
   whole = pl.BlockSpec(memory_space=pl.ANY)
+  params = plt.CompilerParams(num_warps=4, num_stages=2)
+  kw = dict(block=block, slots=slots, scale=float(scale))
+  bias = key_bias.astype(jnp.float32)
 
-  def call(interpret, *args):
+  if splits == 1:
+    def call(interpret, *args):
+      return pl.pallas_call(
+          functools.partial(_kernel, **kw),
+          out_shape=jax.ShapeDtypeStruct((b, kh, gp, d), q.dtype),
+          grid=(b, kh),
+          in_specs=[pl.BlockSpec((None, None, gp, d), lambda i, j: (i, j, 0, 0)), whole, whole,
+                    whole],
+          out_specs=pl.BlockSpec((None, None, gp, d), lambda i, j: (i, j, 0, 0)),
+          compiler_params=params, interpret=interpret, name="decode_cache_attention")(*args)
+    return fa.lowered_where_compiled(call, qg, ck, cv, bias)[:, :, :g]
+
+  per = -(-blocks // splits)
+  tile = pl.BlockSpec((None, None, None, gp, d), lambda i, j, r: (i, j, r, 0, 0))
+  row = pl.BlockSpec((None, None, None, gp), lambda i, j, r: (i, j, r, 0))
+
+  def call_split(interpret, *args):
     return pl.pallas_call(
-        functools.partial(_kernel, block=block, slots=slots, scale=float(scale)),
-        out_shape=jax.ShapeDtypeStruct((b, kh, gp, d), q.dtype),
-        grid=(b, kh),
-        in_specs=[pl.BlockSpec((None, None, gp, d), lambda i, j: (i, j, 0, 0)), whole, whole,
+        functools.partial(_split_kernel, per=per, **kw),
+        out_shape=(jax.ShapeDtypeStruct((b, kh, splits, gp, d), jnp.float32),
+                   jax.ShapeDtypeStruct((b, kh, splits, gp), jnp.float32),
+                   jax.ShapeDtypeStruct((b, kh, splits, gp), jnp.float32)),
+        grid=(b, kh, splits),
+        in_specs=[pl.BlockSpec((None, None, gp, d), lambda i, j, r: (i, j, 0, 0)), whole, whole,
                   whole],
-        out_specs=pl.BlockSpec((None, None, gp, d), lambda i, j: (i, j, 0, 0)),
-        compiler_params=plt.CompilerParams(num_warps=4, num_stages=2),
-        interpret=interpret, name="decode_cache_attention")(*args)
+        out_specs=(tile, row, row),
+        compiler_params=params, interpret=interpret, name="decode_cache_attention_split")(*args)
 
-  out = fa.lowered_where_compiled(call, qg, ck, cv, key_bias.astype(jnp.float32))
-  return out[:, :, :g]
+  acc, m, l = fa.lowered_where_compiled(call_split, qg, ck, cv, bias)
+  return _combine(acc, m, l)[:, :, :g].astype(q.dtype)

@@ -122,8 +122,8 @@ def decode_step(config: ModelConfig, packed, tokens, active, cache):
     ck = jax.lax.dynamic_update_slice(lc["k"], k[:, None].astype(lc["k"].dtype), (0, index, 0, 0))
     cv = jax.lax.dynamic_update_slice(lc["v"], v[:, None].astype(lc["v"].dtype), (0, index, 0, 0))
     new_layers.append({"k": ck, "v": cv})
-    out = cache_attention.attend(q, ck, cv, key_bias, scale,
-                                 config.decode_attention)                  # [B, K, G, D]
+    out = cache_attention.attend(q, ck, cv, key_bias, scale, config.decode_attention,
+                                 splits=config.decode_attention_splits or None)  # [B, K, G, D]
     y = _mm(out.reshape(b, h * d), lp["o"], config)
     if "o_bias" in lp:
       y = y + lp["o_bias"]

@@ -42,7 +42,8 @@ def build_model(config, tokenizer) -> tuple:
                    progress=True)
     return lm.config.replace(remat=bool(m.remat), attention_block=int(m.attention_block),
                              scan_layers=bool(m.scan_layers), attention=str(m.attention),
-                             decode_attention=str(m.decode_attention)), lm.params
+                             decode_attention=str(m.decode_attention),
+                             decode_attention_splits=int(m.decode_attention_splits)), lm.params
   if m.init != "scratch":
     raise ValueError(f"config key 'model.init' is {m.init!r}; expected one of {MODEL_INITS}")
   eos = tokenizer.eos_token_id
@@ -55,7 +56,8 @@ def build_model(config, tokenizer) -> tuple:
       eos_token_id=(eos,) if eos is not None else (), pad_token_id=tokenizer.pad_token_id,
       dtype=m.dtype, param_dtype=m.param_dtype, remat=bool(m.remat),
       attention_block=int(m.attention_block), scan_layers=bool(m.scan_layers),
-      attention=str(m.attention), decode_attention=str(m.decode_attention))
+      attention=str(m.attention), decode_attention=str(m.decode_attention),
+      decode_attention_splits=int(m.decode_attention_splits))
   params = init_params(DecoderLM(cfg), jax.random.PRNGKey(config.seed))
   return cfg, params
 

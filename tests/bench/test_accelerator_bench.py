@@ -23,14 +23,19 @@ def test_reduced_run_reports_every_figure(tmp_path):
 
 def test_sampler_and_update_sections_time_the_pallas_attentions():
   """`--decode-attention xla,pallas` (on a GPU the default): a sampler row per attention, the
-  kernel's with the share of its greedy tokens equal to XLA's, and the update with the Pallas
-  attention kernels (here the kernels' CPU interpreter)."""
+  kernel's with the share of its greedy tokens equal to XLA's; a batch whose kernel splits the
+  cache (here 4 rows over 144 slots: 2 ranges of 128) is timed in one pass too; and the update
+  with the Pallas attention kernels (here the kernels' CPU interpreter)."""
   clock = accelerator.Clock(600)
   dev = dict(copy_bandwidth_tbs=1.0)
-  rows = accelerator.bench_sampler(accelerator.REDUCED, dev, clock, attentions=("xla", "pallas"))
-  assert [r["decode_attention"] for r in rows] == ["xla", "pallas"]
-  assert "tokens_equal_xla" not in rows[0] and 0.0 <= rows[1]["tokens_equal_xla"] <= 1.0
-  assert rows[1]["batch"] == rows[0]["batch"] and rows[1]["tok_s"] > 0
+  spec = dict(accelerator.REDUCED, prompt=136)
+  rows = accelerator.bench_sampler(spec, dev, clock, attentions=("xla", "pallas"))
+  assert [(r["decode_attention"], r.get("splits")) for r in rows] == [
+      ("xla", None), ("pallas", 2), ("pallas", 1)]
+  assert "tokens_equal_xla" not in rows[0]
+  assert all(0.0 <= r["tokens_equal_xla"] <= 1.0 for r in rows[1:])
+  assert {r["batch"] for r in rows} == {4} and all(r["tok_s"] > 0 for r in rows)
+  assert "cache in 2 ranges" in accelerator.summary(dict(sampler=rows))
   u = accelerator.bench_update(accelerator.REDUCED, dict(dev, matmul_bf16_tflops=1.0), clock,
                                "pallas")
   assert u["attention"] == "pallas" and u["skipped"] == 0.0 and u["tokens_per_s"] > 0

@@ -45,28 +45,50 @@ def _inputs(b, s, kh, g, d, dtype, seed=0):
   return q, ck, cv, mask, bias
 
 
-@pytest.mark.parametrize("kh,g,s,block", [(2, 7, 40, 16), (1, 4, 64, 32), (4, 1, 33, 16),
-                                          (2, 16, 50, 128)])
-def test_both_implementations_match_a_float64_reference(kh, g, s, block):
-  """Grouped queries padded to the kernel's 16-row tile (g 7, 4, 1) or not (16), a cache length
-  that is not a multiple of the key block (a masked tail), left padding, an empty row."""
+@pytest.mark.parametrize("kh,g,s,block,splits", [
+    (2, 7, 40, 16, 1), (1, 4, 64, 32, 1), (4, 1, 33, 16, 1), (2, 16, 50, 128, 1),
+    (2, 7, 40, 16, 2), (1, 4, 100, 16, 4), (2, 3, 81, 16, 6), (4, 1, 33, 16, None)])
+def test_both_implementations_match_a_float64_reference(kh, g, s, block, splits):
+  """Grouped queries padded to the kernel's 16-row tile (g 7, 4, 3, 1) or not (16), a cache
+  length that is not a multiple of the key block (a masked tail), left padding, an empty row;
+  in one pass or split into ranges of blocks (100 slots in 7 blocks as 4 ranges of 2: the last
+  range short; 81 in 6 as 6; None: as many as auto_splits gives), one range all left padding."""
   q, ck, cv, mask, bias = _inputs(4, s, kh, g, 16, jnp.float32)
   scale = 1 / math.sqrt(16)
   want = _reference(q, ck, cv, mask, scale)
   xla = cache_attention.attend(q, ck, cv, bias, scale, "xla")
-  pal = cache_attention.attend(q, ck, cv, bias, scale, "pallas", block=block)
+  pal = cache_attention.attend(q, ck, cv, bias, scale, "pallas", block=block, splits=splits)
   assert xla.shape == pal.shape == (4, kh, g, 16) and pal.dtype == jnp.float32
   np.testing.assert_allclose(np.asarray(xla), want, atol=2e-6, rtol=1e-5)
   np.testing.assert_allclose(np.asarray(pal), want, atol=2e-6, rtol=1e-5)
 
 
+def test_split_count_fills_the_gpu_and_stays_within_the_blocks():
+  """auto_splits: the fewest ranges reaching MIN_PROGRAMS programs, one range a block at most,
+  a single pass once rows x KV heads reach it; a count past the blocks is cut to the blocks,
+  one below 1 refused."""
+  n = cache_attention.MIN_PROGRAMS
+  assert cache_attention.auto_splits(n // 2, 2, 512, 128) == 1          # batch 128 x 2 heads
+  assert cache_attention.auto_splits(8, 2, 4096, 128) == -(-n // 16)     # 16 programs a range
+  assert cache_attention.auto_splits(8, 2, 300, 128) == 3               # only 3 blocks
+  assert cache_attention.auto_splits(1, 1, 10, 16) == 1
+  q, ck, cv, _, bias = _inputs(2, 40, 2, 2, 16, jnp.float32)
+  three = cache_attention.attend(q, ck, cv, bias, 0.3, "pallas", block=16, splits=3)
+  nine = cache_attention.attend(q, ck, cv, bias, 0.3, "pallas", block=16, splits=9)
+  assert np.array_equal(np.asarray(nine), np.asarray(three))
+  with pytest.raises(ValueError, match="splits 0 must be >= 1"):
+    cache_attention.attend(q, ck, cv, bias, 0.3, "pallas", block=16, splits=0)
+
+
 def test_bfloat16_cache_within_rounding():
   q, ck, cv, mask, bias = _inputs(3, 48, 2, 7, 32, jnp.bfloat16, seed=1)
   want = _reference(q, ck, cv, mask, 1 / math.sqrt(32))
-  pal = cache_attention.attend(q, ck, cv, bias, 1 / math.sqrt(32), "pallas", block=16)
-  assert pal.dtype == jnp.bfloat16
-  # probabilities cast to bf16 before the value sum, the output rounded to bf16
-  np.testing.assert_allclose(np.asarray(pal, np.float64), want, atol=2e-2, rtol=2e-2)
+  for splits in (1, 3):
+    pal = cache_attention.attend(q, ck, cv, bias, 1 / math.sqrt(32), "pallas", block=16,
+                                 splits=splits)
+    assert pal.dtype == jnp.bfloat16
+    # probabilities cast to bf16 before the value sum, the output rounded to bf16
+    np.testing.assert_allclose(np.asarray(pal, np.float64), want, atol=2e-2, rtol=2e-2)
 
 
 def test_gpu_lowering_is_one_triton_kernel_and_cpu_the_interpreter():
@@ -80,6 +102,13 @@ def test_gpu_lowering_is_one_triton_kernel_and_cpu_the_interpreter():
   cpu = f.trace(q, c, c, bias).lower(lowering_platforms=("cpu",)).as_text()
   assert gpu.count("__gpu$xla.gpu.triton") == 1 and "stablehlo.while" not in gpu
   assert "triton" not in cpu and "stablehlo.while" in cpu
+  # 8 rows x 2 KV heads: the cache's 3 blocks as 3 ranges, a grid of 48 programs
+  assert "decode_cache_attention_split" in gpu
+  big = jax.ShapeDtypeStruct((128, 14, 64), jnp.bfloat16)
+  cb = jax.ShapeDtypeStruct((128, 300, 2, 64), jnp.bfloat16)
+  one = f.trace(big, cb, cb, jax.ShapeDtypeStruct((128, 300), jnp.float32))
+  text = one.lower(lowering_platforms=("cuda",)).as_text()
+  assert text.count("__gpu$xla.gpu.triton") == 1 and "decode_cache_attention_split" not in text
 
 
 def test_shapes_the_kernel_cannot_tile_are_refused():
