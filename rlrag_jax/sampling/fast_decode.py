@@ -90,7 +90,7 @@ def decode_step(config: ModelConfig, packed, tokens, active, cache):
   """
   dt = config.compute_dtype
   b = tokens.shape[0]
-  h, kh, d, e = config.num_heads, config.num_kv_heads, config.head_dim, config.hidden_size
+  h, kh, d = config.num_heads, config.num_kv_heads, config.head_dim
   index = cache["index"]
   # RoPE position = number of real tokens before this one (left padding safe).
   pos = jnp.sum(cache["mask"].astype(jnp.int32), axis=1)                  # [B]

@@ -1,5 +1,4 @@
 """The sampler's packed decode step against DecoderLM's own cached decode, fp32 and bf16."""
-import dataclasses
 import re
 
 import jax
