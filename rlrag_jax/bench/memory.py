@@ -103,7 +103,7 @@ def model_config(shape: str, *, vocab: Optional[int] = None, dtype: str = "bfloa
                  param_dtype: str = "float32", remat: bool = True, attention_block: int = 512,
                  scan_layers: bool = False,
                  layers: Optional[int] = None, decode_attention: str = "xla",
-                 attention: str = "xla"):
+                 attention: str = "xla", decode_splits: int = 0):
   """A `ModelConfig` from a SHAPES name or an HF config.json path, with the accelerator
   presets' numerics (`config_base.use_hf_model`; `scan_layers` off unless asked, the model's
   default); `vocab` replaces the vocabulary size, `layers` the number of decoder layers."""
@@ -129,7 +129,8 @@ def model_config(shape: str, *, vocab: Optional[int] = None, dtype: str = "bfloa
   except (ValueError, TypeError, KeyError) as e:
     raise ShapeError(f"{e} (a decoder LM's config.json is needed)") from None
   over = dict(dtype=dtype, param_dtype=param_dtype, remat=remat, attention_block=attention_block,
-              scan_layers=scan_layers, decode_attention=decode_attention, attention=attention)
+              scan_layers=scan_layers, decode_attention=decode_attention, attention=attention,
+              decode_attention_splits=decode_splits)
   if vocab:
     over["vocab_size"] = int(vocab)
   if layers:
@@ -438,7 +439,8 @@ def compile_decode(cfg, mesh, batch: int, cached: int) -> dict:
   compiled, secs = _timed_compile(step, cfg, packed, tokens, active, cache)
   return _row("decode", compiled, decode_ideal_bytes(cfg, batch, cached), 1, compile_s=secs,
               sequences=batch, tokens=cached, vocab=cfg.vocab_size,
-              decode_attention=cfg.decode_attention)
+              decode_attention=cfg.decode_attention,
+              decode_splits=cfg.decode_attention_splits)
 
 
 def run(shape: str, *, sequences: int = 64, tokens: int = 512, micro_batches: int = 1,
@@ -447,14 +449,14 @@ def run(shape: str, *, sequences: int = 64, tokens: int = 512, micro_batches: in
         remat: bool = True, attention_block: int = 512, logits_start: int = 0,
         devices=None, tokens_per_micro_batch: int = 0, layers: Optional[int] = None,
         scan_layers: bool = False, head_backward: str = "auto",
-        decode_attention: str = "xla", attention: str = "xla") -> list:
+        decode_attention: str = "xla", attention: str = "xla", decode_splits: int = 0) -> list:
   """The rows of every requested part for one shape; the update is FSDP-sharded over
   `devices` (default: every jax device), prefill and decode run on the first."""
   import jax
   from rlrag_jax.models import sharding as shd
   cfg = model_config(shape, vocab=vocab, remat=remat, attention_block=attention_block,
                      layers=layers, scan_layers=scan_layers, decode_attention=decode_attention,
-                     attention=attention)
+                     attention=attention, decode_splits=decode_splits)
   mesh = shd.make_mesh(data=1, fsdp=-1, tensor=1,
                        devices=jax.devices() if devices is None else devices)
   rows = []
@@ -587,6 +589,9 @@ def main(argv=None) -> int:
   ap.add_argument("--decode-attention", choices=("xla", "pallas"), default="xla",
                   help="the decode step's attention over the cache (model.decode_attention; "
                   "'pallas': one kernel a layer, sampling.cache_attention)")
+  ap.add_argument("--decode-splits", type=int, default=0,
+                  help="with --decode-attention pallas: the cache's ranges "
+                  "(model.decode_attention_splits; 0: auto, 1: one pass)")
   ap.add_argument("--no-remat", action="store_true")
   ap.add_argument("--scan-layers", action="store_true",
                   help="the blocks as one lax.scan over their stacked params "
@@ -632,7 +637,8 @@ def main(argv=None) -> int:
                scan_layers=args.scan_layers,
                tokens_per_micro_batch=args.tokens_per_micro_batch, layers=args.layers,
                devices=devs, head_backward=args.head_backward,
-               decode_attention=args.decode_attention, attention=args.attention)
+               decode_attention=args.decode_attention, attention=args.attention,
+               decode_splits=args.decode_splits)
   except (ShapeError, gpu_plan.GpuPlanError) as e:
     print(f"bench.memory: {e}", file=sys.stderr)
     return 2

@@ -59,10 +59,12 @@ def test_decode_with_the_pallas_attention_keeps_the_cache_in_place(tmp_path):
   """`--decode-attention pallas` (on CPU the kernel's interpreter) compiles the same step with
   the cache still donated and updated in place, and says which attention its row measured."""
   wide = _write(tmp_path, dict(TINY, hidden_size=256, intermediate_size=512), "wide.json")
-  dec = memory.run(wide, parts=("decode",), decode_batch=8, cached=128,
+  # 256 slots: 2 blocks, which 8 rows x 2 KV heads split into 2 ranges (decode_splits 0: auto)
+  dec = memory.run(wide, parts=("decode",), decode_batch=8, cached=256,
                    decode_attention="pallas")[0]
-  cache_bytes = 2 * 2 * 8 * 128 * 2 * 64 * 2
+  cache_bytes = 2 * 2 * 8 * 256 * 2 * 64 * 2
   assert dec["decode_attention"] == "pallas" and dec["alias_bytes"] >= cache_bytes, dec
+  assert dec["decode_splits"] == 0
   assert "pallas attention" in memory.decode_target([dict(dec, shape="wide")]).what
 
 
