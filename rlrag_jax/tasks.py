@@ -86,6 +86,12 @@ class Task(abc.ABC):
   # Held-out examples for model selection while training (data.val_mix; eval.val_every,
   # eval.early_stop_patience): disjoint from train and eval.
   validation: Sequence[Any] = ()
+  # The rl.group_size the task's `collect` is built for (SPARKLE: one tree per question), None:
+  # any; the trainer refuses another before the RL stage.
+  group_size: Optional[int] = None
+  # Whether `collect`'s groups are a tree's branches with each episode's Episode.baseline from
+  # its siblings: rl.ppo.critic 'tree_mc' takes its values from them and needs them.
+  sibling_baselines: bool = False
   # The LLM judge's prompt for the 'judge' accuracy column (eval.judge_url).
   judge_prompt: judge_lib.JudgePrompt = judge_lib.DEFAULT_PROMPT
   # An alternative engine path, None where the task takes the engine's own:

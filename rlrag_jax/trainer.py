@@ -41,7 +41,19 @@ class RunResult:
 
 
 def _check_stages(task, config) -> None:
-  """Refuses a stage the task does not train (`Task.stages`), or a stage with no examples."""
+  """Refuses a stage the task does not train (`Task.stages`), a stage with no examples, and RL
+  settings its groups do not fit (`Task.group_size`, `Task.sibling_baselines`)."""
+  name = f"{type(task).__name__} ({config.method})"
+  if config_base.stage_runs(config.rl):
+    if task.group_size is not None and int(config.rl.group_size) != task.group_size:
+      raise ValueError(f"config key 'rl.group_size' is {config.rl.group_size}, but {name} "
+                       f"collects groups of {task.group_size} (set rl.group_size="
+                       f"{task.group_size})")
+    if (config.rl.algo == "ppo" and config.rl.ppo.critic == "tree_mc"
+        and not task.sibling_baselines):
+      raise ValueError(f"config key 'rl.ppo.critic' is 'tree_mc', whose values come from "
+                       f"sibling branches, but {name} collects none (every advantage would be "
+                       "0); use a value model ('separate' or 'head') or a tree rollout")
   for stage in ("sft", "rl"):
     sec = config[stage]
     if not config_base.stage_runs(sec):

@@ -148,3 +148,28 @@ def test_the_trainer_refuses_a_stage_the_task_does_not_train():
     trainer._check_stages(empty, c)
   c.sft.steps = 0
   trainer._check_stages(empty, c)                           # evaluation only: nothing trains
+
+
+def test_the_trainer_refuses_rl_settings_the_tasks_groups_do_not_fit():
+  """Task.group_size and Task.sibling_baselines: a task declares what its groups are, and the
+  trainer refuses an RL config they do not fit (only when RL trains)."""
+  from rlrag_jax import trainer
+  c = arena.get_config("")
+  c.rl.steps, c.rl.group_size = 2, 4
+  task = Minimal()
+  assert (task.group_size, task.sibling_baselines) == (None, False)
+  trainer._check_stages(task, c)                            # any group size by default
+  task.group_size = 1
+  with pytest.raises(ValueError, match=r"'rl.group_size' is 4, but Minimal \(arena\) collects "
+                                       r"groups of 1 \(set rl.group_size=1\)"):
+    trainer._check_stages(task, c)
+  c.rl.group_size = 1
+  trainer._check_stages(task, c)
+  c.rl.algo, c.rl.ppo.critic = "ppo", "tree_mc"
+  with pytest.raises(ValueError, match=r"'tree_mc', whose values come from sibling branches, "
+                                       r"but Minimal \(arena\) collects none"):
+    trainer._check_stages(task, c)
+  task.sibling_baselines = True
+  trainer._check_stages(task, c)
+  task.sibling_baselines, c.rl.steps = False, 0
+  trainer._check_stages(task, c)                            # no RL: nothing to fit

@@ -168,9 +168,18 @@ def test_standard_rollout_switch_and_sft_samples(tmp_path, reader):
              t.sft_samples(ex)]
   assert parsing.YES in targets[0] and parsing.QUERY in targets[1]
   assert t.sft_counts["kept"] <= t.sft_counts["oracle"] <= len(t.train)
+  # The task declares what its groups are; the trainer refuses RL settings they do not fit.
+  assert (t.group_size, t.sibling_baselines) == (1, False)
+  trainer._check_stages(t, c)
   c.rl.ppo.critic = "tree_mc"          # no sibling branches to take values from
-  with pytest.raises(ValueError, match="'tree_mc'.*'standard'"):
-    sparkle_task.make_task(c)
+  with pytest.raises(ValueError, match="'tree_mc', whose values come from sibling branches, "
+                     "but ProxyTask \\(sparkle\\) collects none"):
+    trainer._check_stages(t, c)
+  c.rl.ppo.critic, c.rl.group_size = "separate", 4
+  with pytest.raises(ValueError, match="'rl.group_size' is 4, but ProxyTask \\(sparkle\\) "
+                     "collects groups of 1"):
+    trainer._check_stages(t, c)
+  c.rl.group_size = 1
   c.sparkle.rollout = "sideways"
   with pytest.raises(ValueError, match="sparkle.rollout"):
     sparkle_task.make_task(c)

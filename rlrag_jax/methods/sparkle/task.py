@@ -177,14 +177,8 @@ class ProxyTask(Task):
     if s.rollout not in ROLLOUTS:
       raise ValueError(f"config key 'sparkle.rollout' is {s.rollout!r}; expected one of "
                        f"{ROLLOUTS}")
-    if int(config.rl.group_size) != 1:
-      raise ValueError(f"config key 'rl.group_size' is {config.rl.group_size}: SPARKLE grows one "
-                       "tree per question (set rl.group_size=1)")
-    if (s.rollout == "standard" and config.rl.algo == "ppo"
-        and config.rl.ppo.critic == "tree_mc"):
-      raise ValueError("config key 'rl.ppo.critic' is 'tree_mc', whose values come from sibling "
-                       "branches, but 'sparkle.rollout' is 'standard' (no siblings: every "
-                       "advantage would be 0); use a value model or the tree rollout")
+    self.group_size = 1                      # one tree per question
+    self.sibling_baselines = s.rollout == "tree"
     sel = sources.select(config.data, seed=config.seed)
     self.train, self.eval = list(sel.train), list(sel.eval)
     # Validation questions leave the training ones before anything (the KG too) reads them.
