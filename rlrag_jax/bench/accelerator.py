@@ -162,6 +162,21 @@ def default_decode_attentions() -> tuple:
   return ("xla", "pallas") if jax.default_backend() == "gpu" else ("xla",)
 
 
+def sampler_runs(spec: dict, attentions: tuple, kv_heads: int) -> list:
+  """[(decode attention, model.decode_attention_splits, batch)] the sampler section times: each
+  attention at each batch (splits 0: auto), and for 'pallas' the first batch whose kernel splits
+  the cache once more in one pass (splits 1)."""
+  from rlrag_jax.sampling import cache_attention
+  length = spec["prompt"] + spec["new_tokens"]
+  runs = []
+  for impl in attentions:
+    runs += [(impl, 0, b) for b in spec["batches"]]
+    if impl == "pallas":
+      runs += [(impl, 1, b) for b in spec["batches"]
+               if cache_attention.auto_splits(b, kv_heads, length, cache_attention.BLOCK) > 1][:1]
+  return runs
+
+
 def bench_sampler(spec: dict, dev: dict, clock: Clock, profile: str = "",
                   attentions: tuple = ("xla",)) -> list:
   """Rows per (decode attention, batch); a 'pallas' row also gives the share of its greedy
@@ -176,14 +191,8 @@ def bench_sampler(spec: dict, dev: dict, clock: Clock, profile: str = "",
   length = spec["prompt"] + spec["new_tokens"]
   ranges = lambda b: cache_attention.auto_splits(b, base.num_kv_heads, length,
                                                  cache_attention.BLOCK)
-  runs = []
-  for impl in attentions:
-    runs += [(impl, 0, b) for b in spec["batches"]]
-    if impl == "pallas":
-      runs += [(impl, 1, b) for b in spec["batches"]
-               if ranges(b) > 1][:1]
   rows, tokens = [], {}
-  for impl, splits, b in runs:
+  for impl, splits, b in sampler_runs(spec, attentions, base.num_kv_heads):
     cfg = base.replace(decode_attention=impl, decode_attention_splits=splits)
     name = impl if not splits else f"{impl} (splits {splits})"
     if clock.left() < 45:

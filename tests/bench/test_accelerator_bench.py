@@ -23,22 +23,33 @@ def test_reduced_run_reports_every_figure(tmp_path):
 
 def test_sampler_and_update_sections_time_the_pallas_attentions():
   """`--decode-attention xla,pallas` (on a GPU the default): a sampler row per attention, the
-  kernel's with the share of its greedy tokens equal to XLA's; a batch whose kernel splits the
-  cache (here 4 rows over 144 slots: 2 ranges of 128) is timed in one pass too; and the update
-  with the Pallas attention kernels (here the kernels' CPU interpreter)."""
+  kernel's with the share of its greedy tokens equal to XLA's and its cache ranges, and the
+  update with the Pallas attention kernels (here the kernels' CPU interpreter)."""
   clock = accelerator.Clock(600)
   dev = dict(copy_bandwidth_tbs=1.0)
-  spec = dict(accelerator.REDUCED, prompt=136)
-  rows = accelerator.bench_sampler(spec, dev, clock, attentions=("xla", "pallas"))
-  assert [(r["decode_attention"], r.get("splits")) for r in rows] == [
-      ("xla", None), ("pallas", 2), ("pallas", 1)]
-  assert "tokens_equal_xla" not in rows[0]
-  assert all(0.0 <= r["tokens_equal_xla"] <= 1.0 for r in rows[1:])
-  assert {r["batch"] for r in rows} == {4} and all(r["tok_s"] > 0 for r in rows)
-  assert "cache in 2 ranges" in accelerator.summary(dict(sampler=rows))
+  rows = accelerator.bench_sampler(accelerator.REDUCED, dev, clock, attentions=("xla", "pallas"))
+  assert [(r["decode_attention"], r.get("splits")) for r in rows] == [("xla", None), ("pallas", 1)]
+  assert "tokens_equal_xla" not in rows[0] and 0.0 <= rows[1]["tokens_equal_xla"] <= 1.0
+  assert rows[1]["batch"] == rows[0]["batch"] and rows[1]["tok_s"] > 0
   u = accelerator.bench_update(accelerator.REDUCED, dict(dev, matmul_bf16_tflops=1.0), clock,
                                "pallas")
   assert u["attention"] == "pallas" and u["skipped"] == 0.0 and u["tokens_per_s"] > 0
+
+
+def test_a_batch_whose_kernel_splits_the_cache_is_timed_in_one_pass_too():
+  """FULL (0.5B: 2 KV heads, 384 slots = 3 blocks): batch 64 gives 128 programs, so its kernel
+  splits the cache (auto: 2 ranges) and is timed again in one pass; batch 256 gives 512 and
+  does not. The summary names the ranges."""
+  runs = accelerator.sampler_runs(accelerator.FULL, ("xla", "pallas"), 2)
+  assert runs == [("xla", 0, 64), ("xla", 0, 256), ("pallas", 0, 64), ("pallas", 0, 256),
+                  ("pallas", 1, 64)]
+  assert accelerator.sampler_runs(accelerator.REDUCED, ("xla", "pallas"), 2) == [
+      ("xla", 0, 4), ("pallas", 0, 4)]                   # 24 slots: one block, nothing to split
+  row = dict(batch=64, tok_s=1.0, frac_roofline=0.5, roofline_tok_s=2.0)
+  text = accelerator.summary(dict(sampler=[dict(row, decode_attention="pallas", splits=2),
+                                           dict(row, decode_attention="pallas", splits=1)]))
+  assert "pallas attention (cache in 2 ranges), batch 64" in text
+  assert "pallas attention (one pass), batch 64" in text
 
 
 def test_model_flops_and_roofline_by_hand():
