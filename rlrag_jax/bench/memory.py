@@ -40,8 +40,9 @@ per device) and cost analysis (flops, bytes accessed: per device), beside an ide
            rows). Ideal: q, k, v read and the output written, then q, k, v, the output and
            its gradient read and dq, dk, dv written.
   prefill  the sampler's prompt prefill into a fresh KV cache (`sampling.sampler.prefill`,
-           empty_cache), the prompt half of `--tokens`. Ideal: arguments (params and cache) +
-           the new KV.
+           empty_cache), the prompt half of `--tokens`; `--prefill-prefix P`: onto a cache
+           already holding P slots (prefix reuse). Ideal: arguments (params and cache) + the
+           new KV.
   decode   one decode step of the sampler's loop (`sampling.fast_decode.decode_step` over the
            packed compute-dtype weights), `--decode-batch` rows over `--cached` cached tokens,
            the cache donated; `--decode-attention pallas` with the attention as one Pallas
@@ -345,8 +346,10 @@ def _cache_abstract(cfg, batch: int, length: int, sharding):
   return _abstract(jax.eval_shape(lambda: init_cache(cfg, batch, length)), sharding)
 
 
-def compile_prefill(cfg, mesh, batch: int, prompt: int, cache_len: int) -> dict:
-  """Row 'prefill': the sampler's jitted prefill of `batch` prompts of `prompt` tokens."""
+def compile_prefill(cfg, mesh, batch: int, prompt: int, cache_len: int, prefix: int = 0) -> dict:
+  """Row 'prefill': the sampler's jitted prefill of `batch` prompts of `prompt` tokens into a
+  fresh cache of `cache_len` slots, or (`prefix` > 0) onto one already holding `prefix` slots
+  (the sampler's prefix reuse: `sampler.prefill` without empty_cache)."""
   import jax
   import jax.numpy as jnp
   from rlrag_jax.models import sharding as shd
@@ -356,14 +359,15 @@ def compile_prefill(cfg, mesh, batch: int, prompt: int, cache_len: int) -> dict:
   params = _abstract(shd.param_shapes(DecoderLM(cfg)), rep)
   ids = jax.ShapeDtypeStruct((batch, prompt), jnp.int32, sharding=rep)
   cache = _cache_abstract(cfg, batch, cache_len, rep)
-  fresh = lambda c, p, i, m, k: sampler.prefill.__wrapped__(c, p, i, m, k, empty_cache=True)
-  compiled, secs = _timed_compile(jax.jit(fresh, static_argnums=0, donate_argnums=4),
+  fill = lambda c, p, i, m, k: sampler.prefill.__wrapped__(c, p, i, m, k,
+                                                           empty_cache=not prefix)
+  compiled, secs = _timed_compile(jax.jit(fill, static_argnums=0, donate_argnums=4),
                                   cfg, params, ids, ids, cache)
   kv_new = 2 * cfg.num_layers * batch * prompt * cfg.num_kv_heads * cfg.head_dim * \
       jnp.dtype(cfg.compute_dtype).itemsize
   ideal = _bytes(params) + _bytes(cache) + kv_new
   return _row("prefill", compiled, ideal, 1, compile_s=secs, sequences=batch, tokens=prompt,
-              vocab=cfg.vocab_size)
+              vocab=cfg.vocab_size, prefix=prefix)
 
 
 def attention_ideal_bytes(cfg, rows: int, tokens: int) -> float:
@@ -449,7 +453,8 @@ def run(shape: str, *, sequences: int = 64, tokens: int = 512, micro_batches: in
         remat: bool = True, attention_block: int = 512, logits_start: int = 0,
         devices=None, tokens_per_micro_batch: int = 0, layers: Optional[int] = None,
         scan_layers: bool = False, head_backward: str = "auto",
-        decode_attention: str = "xla", attention: str = "xla", decode_splits: int = 0) -> list:
+        decode_attention: str = "xla", attention: str = "xla", decode_splits: int = 0,
+        prefill_prefix: int = 0) -> list:
   """The rows of every requested part for one shape; the update is FSDP-sharded over
   `devices` (default: every jax device), prefill and decode run on the first."""
   import jax
@@ -469,7 +474,8 @@ def run(shape: str, *, sequences: int = 64, tokens: int = 512, micro_batches: in
   if "attention" in parts:
     rows.append(compile_attention(cfg, one, max(1, sequences // max(1, micro_batches)), tokens))
   if "prefill" in parts:
-    rows.append(compile_prefill(cfg, one, min(sequences, decode_batch), tokens // 2, tokens))
+    rows.append(compile_prefill(cfg, one, min(sequences, decode_batch), tokens // 2,
+                                prefill_prefix + tokens, prefill_prefix))
   if "decode" in parts:
     rows.append(compile_decode(cfg, one, decode_batch, cached))
   for r in rows:
@@ -582,6 +588,9 @@ def main(argv=None) -> int:
                   "fraction of the compile time")
   ap.add_argument("--decode-batch", type=int, default=256)
   ap.add_argument("--cached", type=int, default=512, help="KV-cache slots of the decode step")
+  ap.add_argument("--prefill-prefix", type=int, default=0,
+                  help="cache slots already filled before the prefill (the sampler's prefix "
+                  "reuse; 0: a fresh cache)")
   ap.add_argument("--parts", default="update,prefill,decode")
   ap.add_argument("--attention", choices=("xla", "pallas"), default="xla",
                   help="the update's and log-probs' attention (model.attention; 'pallas': "
@@ -638,7 +647,7 @@ def main(argv=None) -> int:
                tokens_per_micro_batch=args.tokens_per_micro_batch, layers=args.layers,
                devices=devs, head_backward=args.head_backward,
                decode_attention=args.decode_attention, attention=args.attention,
-               decode_splits=args.decode_splits)
+               decode_splits=args.decode_splits, prefill_prefix=args.prefill_prefix)
   except (ShapeError, gpu_plan.GpuPlanError) as e:
     print(f"bench.memory: {e}", file=sys.stderr)
     return 2

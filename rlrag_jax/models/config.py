@@ -82,10 +82,10 @@ class ModelConfig:
   scan_layers: bool = False             # the cache-free forward (updates, log-probs) runs
                                         # the blocks as one `lax.scan` over their stacked
                                         # params: one layer compiled, and gathered, at a time
-  attention: str = "xla"                # the cache-free forward's attention (updates,
-                                        # log-probs, the sampler's prefill into a fresh
-                                        # cache): 'xla' (dense or key-blocked, see
-                                        # attention_block) | 'pallas' (models.flash_attention)
+  attention: str = "xla"                # the attention of every multi-token forward
+                                        # (updates, log-probs, the sampler's prefills): 'xla'
+                                        # (dense or key-blocked, see attention_block) |
+                                        # 'pallas' (models.flash_attention)
   decode_attention: str = "xla"         # the sampler's decode-step attention over the KV
                                         # cache: 'xla' | 'pallas' (sampling.cache_attention)
   decode_attention_splits: int = 0      # 'pallas': ranges the cache is split into (0: the

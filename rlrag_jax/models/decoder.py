@@ -219,6 +219,10 @@ class Attention(nn.Module):
       # masked), `allowed` is causal & the key mask (Backbone), so its last query row over the
       # first T slots is the tokens' own key mask.
       out = _flash(q, own_k.astype(q.dtype), own_v.astype(q.dtype), allowed[:, 0, -1, :t])
+    elif cfg.attention == "pallas" and t > 1:
+      # Onto a cache holding `index` slots: `allowed`'s last query row (slot index + T - 1) is
+      # the key mask up to that slot and False after it, where the kernel's causal bound ends.
+      out = _flash(q, k.astype(q.dtype), v.astype(q.dtype), allowed[:, 0, -1, :], index)
     elif cfg.attention_block > 0 and q.shape[1] > 1:
       out = attend_blocked(q, k.astype(q.dtype), v.astype(q.dtype), allowed,
                            cfg.attention_block)                     # [B, T, H, D]
@@ -230,18 +234,24 @@ class Attention(nn.Module):
     return y, new_kv
 
 
-def _flash(q, k, v, key_mask):
-  """`flash_attention.attend`, per device's rows under a mesh: a Pallas call is not split by
-  XLA's partitioner (it would gather every row), so it runs inside `shard_map` over the batch
-  axes the activation rules give (heads stay whole on each device)."""
+def _flash(q, k, v, key_mask, start=None):
+  """`flash_attention.attend` (or, with `start`, `attend_cached` onto a cache holding `start`
+  slots), per device's rows under a mesh: a Pallas call is not split by XLA's partitioner (it
+  would gather every row), so it runs inside `shard_map` over the batch axes the activation
+  rules give (heads stay whole on each device)."""
   from rlrag_jax.models import flash_attention
   spec_fn = _ACTIVATION_SHARDING.get()
   sharding = spec_fn(("activation_batch", None, None, None), q.shape) if spec_fn else None
+  if start is None:
+    fn, args = flash_attention.attend, (q, k, v, key_mask)
+  else:
+    fn, args = flash_attention.attend_cached, (q, k, v, key_mask, start)
   if sharding is None or sharding.mesh.size == 1:
-    return flash_attention.attend(q, k, v, key_mask)
+    return fn(*args)
   rows = jax.sharding.PartitionSpec(sharding.spec[0])
-  return jax.shard_map(flash_attention.attend, mesh=sharding.mesh, in_specs=(rows,) * 4,
-                       out_specs=rows, check_vma=False)(q, k, v, key_mask)
+  specs = (rows,) * 4 + ((jax.sharding.PartitionSpec(),) if start is not None else ())
+  return jax.shard_map(fn, mesh=sharding.mesh, in_specs=specs, out_specs=rows,
+                       check_vma=False)(*args)
 
 
 def _attend(q, k, v, allowed):

@@ -79,19 +79,16 @@ def _query_block(q_ref, do_ref, lse_ref, dl_ref, b, h, q0, bq, t_len):
   return qpos, q, do, lse, dl
 
 
-def _fwd_kernel(q_ref, k_ref, v_ref, m_ref, o_ref, lse_ref, *, bq, bk, groups, t_len, scale):
+def _online_rows(q, q_first, k_ref, v_ref, m_ref, b, kh, *, bk, s_len, scale):
+  """Query tile q at key positions q_first + [0, bq) against row b's keys of KV head kh, block by block up
+  to the diagonal (keys s <= qpos, s < s_len, in the key mask) under an online softmax ->
+  (output [bq, D] f32, zeros for a query with no key; log-sum-exp [bq], 0 there)."""
   from jax.experimental import pallas as pl
-  from jax.experimental.pallas import triton as plt
-  b, h, i = pl.program_id(0), pl.program_id(1), pl.program_id(2)
-  kh = h // groups
-  q0 = i * bq
-  qpos = q0 + jnp.arange(bq)
-  q = _load_rows(plt, q_ref.at[b, pl.ds(q0, bq), h, :], qpos, t_len)
 
   def step(j, carry):
     mx, l, acc = carry
-    kpos, kb, vb, km = _key_block(k_ref, v_ref, m_ref, b, kh, j * bk, bk, t_len)
-    s, ok = _scores(q, kb, qpos, kpos, km, t_len, scale)
+    kpos, kb, vb, km = _key_block(k_ref, v_ref, m_ref, b, kh, j * bk, bk, s_len)
+    s, ok = _scores(q, kb, qpos, kpos, km, s_len, scale)
     s = jnp.where(ok, s, _NEG)
     m_new = jnp.maximum(mx, jnp.max(s, axis=1))
     p = jnp.where(ok, jnp.exp(s - m_new[:, None]), 0.0)
@@ -100,16 +97,45 @@ def _fwd_kernel(q_ref, k_ref, v_ref, m_ref, o_ref, lse_ref, *, bq, bk, groups, t
     acc = acc * corr[:, None] + dot_f32(p.astype(vb.dtype), vb, ((1,), (0,)))
     return m_new, l, acc
 
-  last = jnp.minimum(pl.cdiv(q0 + bq, bk), pl.cdiv(t_len, bk))      # blocks up to the diagonal
+  bq = q.shape[0]
+  qpos = q_first + jnp.arange(bq)
+  last = jnp.minimum(pl.cdiv(q_first + bq, bk), pl.cdiv(s_len, bk))  # blocks up to the diagonal
   init = (jnp.full((bq,), _NEG, jnp.float32), jnp.zeros((bq,), jnp.float32),
           jnp.zeros((bq, q.shape[1]), jnp.float32))
   mx, l, acc = jax.lax.fori_loop(0, last, step, init)
   live = l > 0
   out = jnp.where(live[:, None], acc / jnp.where(live, l, 1.0)[:, None], 0.0)
   lse = jnp.where(live, mx + jnp.log(jnp.where(live, l, 1.0)), 0.0)
+  return out, lse
+
+
+def _fwd_kernel(q_ref, k_ref, v_ref, m_ref, o_ref, lse_ref, *, bq, bk, groups, t_len, scale):
+  from jax.experimental import pallas as pl
+  from jax.experimental.pallas import triton as plt
+  b, h, i = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+  q0 = i * bq
+  qpos = q0 + jnp.arange(bq)
+  q = _load_rows(plt, q_ref.at[b, pl.ds(q0, bq), h, :], qpos, t_len)
+  out, lse = _online_rows(q, q0, k_ref, v_ref, m_ref, b, h // groups, bk=bk, s_len=t_len,
+                          scale=scale)
   rows = qpos < t_len
   plt.store(o_ref.at[b, pl.ds(q0, bq), h, :], out.astype(o_ref.dtype), mask=rows[:, None])
   plt.store(lse_ref.at[b, h, pl.ds(q0, bq)], lse, mask=rows)
+
+
+def _cached_kernel(q_ref, k_ref, v_ref, m_ref, start_ref, o_ref, *, bq, bk, groups, t_len,
+                   s_len, scale):
+  """`attend_cached`'s forward: query row t of the T new ones sits at cache slot start + t."""
+  from jax.experimental import pallas as pl
+  from jax.experimental.pallas import triton as plt
+  b, h, i = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+  q0 = i * bq
+  rows = q0 + jnp.arange(bq)
+  q = _load_rows(plt, q_ref.at[b, pl.ds(q0, bq), h, :], rows, t_len)
+  out, _ = _online_rows(q, start_ref[0] + q0, k_ref, v_ref, m_ref, b, h // groups, bk=bk,
+                        s_len=s_len, scale=scale)
+  plt.store(o_ref.at[b, pl.ds(q0, bq), h, :], out.astype(o_ref.dtype),
+            mask=(rows < t_len)[:, None])
 
 
 def _dkdv_kernel(q_ref, k_ref, v_ref, m_ref, do_ref, lse_ref, dl_ref, dk_ref, dv_ref, *, bq, bk,
@@ -255,3 +281,18 @@ def attend(q, k, v, key_mask, *, block_q: int = 64, block_k: int = 64):
   """Causal attention of q [B,T,H,D] over k / v [B,T,K,D] with key_mask [B,T] (module doc)."""
   _check(q, k, block_q, block_k)
   return _attend(q, k, v, key_mask, block_q, block_k)
+
+
+def attend_cached(q, k, v, key_mask, start, *, block_q: int = 64, block_k: int = 64):
+  """A prefill onto a KV cache that already holds `start` slots (forward only, no gradient):
+  q [B,T,H,D] are the new tokens, at cache slots start .. start+T-1; k / v [B,S,K,D] the cache
+  with them written; key_mask [B,S]. Query t attends slot s when s <= start + t and
+  key_mask[b, s]; a query with no such slot gets zeros. `start` is a traced int32 scalar."""
+  _check(q, k, block_q, block_k)
+  b, t, h, d = q.shape
+  s = k.shape[1]
+  kw = dict(bq=block_q, bk=block_k, groups=h // k.shape[2], t_len=t, s_len=s,
+            scale=1.0 / math.sqrt(d))
+  return _call(_cached_kernel, (b, h, _cdiv(t, block_q)), jax.ShapeDtypeStruct(q.shape, q.dtype),
+               (q, k, v, key_mask.astype(jnp.int8), jnp.reshape(start, (1,)).astype(jnp.int32)),
+               **kw)

@@ -100,3 +100,16 @@ def test_fsdp_over_host_devices_divides_the_arguments(tmp_path):
   assert upd[2]["devices"] == 2
   # params, AdamW moments and the batch are sharded: about half per device
   assert upd[2]["argument_bytes"] < 0.6 * upd[1]["argument_bytes"], upd
+
+
+def test_prefill_row_into_a_fresh_cache_or_onto_a_prefix(tmp_path):
+  """`--parts prefill`: the prompt half of --tokens into a fresh cache of --tokens slots, or
+  with `--prefill-prefix P` onto a cache of P + --tokens slots already holding P; the row's
+  arguments hold the params and that cache, its ideal adds the new tokens' K/V."""
+  shape = _write(tmp_path, TINY)
+  fresh, onto = (memory.run(shape, sequences=4, tokens=64, parts=("prefill",),
+                            prefill_prefix=p)[0] for p in (0, 96))
+  kv_slot = 2 * 2 * 2 * 16 * 2               # layers x k/v x KV heads x head_dim x bf16
+  assert (fresh["prefix"], onto["prefix"]) == (0, 96)
+  assert onto["argument_bytes"] - fresh["argument_bytes"] >= 4 * 96 * kv_slot
+  assert onto["ideal_bytes"] - fresh["ideal_bytes"] == pytest.approx(4 * 96 * kv_slot, rel=0.01)

@@ -154,8 +154,62 @@ def test_the_sampler_prefill_into_a_fresh_cache_runs_the_kernel_and_equals_xla()
                                       eos_ids=(), rng=0) for c in (cfg, cfg_p)]
   assert np.array_equal(np.asarray(gen[0].tokens), np.asarray(gen[1].tokens))
 
-  def triton_calls(empty_cache):
+  def kernels(empty_cache):
     cache = jax.eval_shape(lambda: init_cache(cfg_p, 3, 27))
     lowered = sampler.prefill.trace(cfg_p, params, ids, mask, cache, empty_cache=empty_cache)
-    return lowered.lower(lowering_platforms=("cuda",)).as_text().count("__gpu$xla.gpu.triton")
-  assert triton_calls(True) == cfg.num_layers and triton_calls(False) == 0
+    text = lowered.lower(lowering_platforms=("cuda",)).as_text()
+    return text.count("__gpu$xla.gpu.triton"), text.count("cached_kernel")
+  assert kernels(True) == (cfg.num_layers, 0)       # the prompt alone: the training forward
+  assert kernels(False)[0] == cfg.num_layers and kernels(False)[1] > 0   # onto a cache
+
+
+def test_a_prefill_onto_a_cache_that_holds_a_prefix_equals_xla():
+  """attend_cached: new tokens at cache slots start.. attend the cached prefix and themselves.
+  The kernel against the dense attention (a masked hole inside the prefix, left padding, a row
+  with no key), then the model: a prompt prefilled in two pieces and continued (the sampler's
+  prefix reuse, CachedContexts.extend) with 'pallas' equals 'xla'."""
+  from rlrag_jax.models.decoder import init_cache
+  from rlrag_jax.sampling import sampler
+  from rlrag_jax.sampling.contexts import CachedContexts
+  b, t, s, start = 3, 21, 70, 37
+  q, _, _, _, _ = _inputs(b, t, 4, 2, 16, seed=2)
+  rs = np.random.RandomState(3)
+  k, v = (jnp.asarray(rs.randn(b, s, 2, 16), jnp.float32) for _ in range(2))
+  km = np.ones((b, s), bool)
+  km[0, 40:45] = False
+  km[1, :20] = False
+  km[2] = False
+  km[:, start + t:] = False
+  slots = start + np.arange(t)
+  allowed = jnp.asarray((np.arange(s)[None, :] <= slots[:, None])[None] & km[:, None, :])[:, None]
+  want = decoder._attend(q, k, v, allowed)
+  got = flash_attention.attend_cached(q, k, v, jnp.asarray(km), jnp.int32(start), block_q=16,
+                                      block_k=16)
+  live = np.asarray(allowed[:, 0].any(-1))
+  np.testing.assert_allclose(np.asarray(got)[live], np.asarray(want)[live], atol=2e-6, rtol=1e-5)
+  assert not np.asarray(got)[~live].any()
+
+  cfg = ModelConfig(vocab_size=61, hidden_size=64, intermediate_size=96, num_layers=2,
+                    num_heads=4, num_kv_heads=2, head_dim=16)
+  params = init_params(DecoderLM(cfg), jax.random.PRNGKey(4))
+  ids = jnp.asarray(np.random.default_rng(4).integers(3, 61, (2, 30)), jnp.int32)
+  mask = jnp.asarray(np.arange(30)[None, :] >= np.array([[0], [6]]))
+  outs = []
+  for c in (cfg, cfg.replace(attention="pallas")):
+    cache = init_cache(c, 2, 40)
+    _, cache = sampler.prefill(c, params, ids[:, :12], mask[:, :12], cache, empty_cache=True)
+    outs.append(sampler.prefill(c, params, ids[:, 12:], mask[:, 12:], cache))
+  (lx, cx), (lp, cp) = outs
+  np.testing.assert_allclose(np.asarray(lp), np.asarray(lx), atol=2e-5, rtol=1e-5)
+  live = np.asarray(cx["mask"])
+  for a, b_ in zip(jax.tree_util.tree_leaves(cp["layers"]), jax.tree_util.tree_leaves(cx["layers"])):
+    np.testing.assert_allclose(np.asarray(a)[live], np.asarray(b_)[live], atol=1e-5, rtol=1e-5)
+  prompts = [[int(x) for x in ids[i, :n]] for i, n in ((0, 9), (1, 14))]
+  toks = []
+  for c in (cfg, cfg.replace(attention="pallas")):
+    ctx = CachedContexts(c, params, pad_id=0)
+    ctx.start(prompts, jax.random.PRNGKey(0), max_new_tokens=3, greedy=True)
+    gen = ctx.extend([1, 0, 1], [[5, 6, 7], [8, 9], [10]], jax.random.PRNGKey(1),
+                     max_new_tokens=4, greedy=True)
+    toks.append(np.asarray(gen.tokens))
+  assert np.array_equal(toks[0], toks[1])
