@@ -22,7 +22,8 @@ trainer (`rlrag_jax.trainer`) reads these sections for every method:
             [T, S] score matrix: for long contexts; 0: dense), scan_layers (the blocks of the
             update and log-prob forward as one lax.scan over stacked params: one layer
             compiled and, under FSDP, gathered at a time; the sampler stays unrolled),
-            attention (the update's and log-probs' causal attention: 'xla', or 'pallas',
+            attention (the causal attention of the update, the log-probs and the sampler's
+            prefills: 'xla', or 'pallas',
             Pallas forward and backward kernels that write no score, made for GPUs and not yet
             run on one: rlrag_jax/models/flash_attention.py; attention_block is then unused),
             decode_attention (the sampler's attention over the KV cache: 'xla', or 'pallas',

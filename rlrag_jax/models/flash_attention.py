@@ -2,6 +2,9 @@
 (Triton) kernels: forward, and a backward of two kernels, none of which writes a score.
 
   attend(q, k, v, key_mask, block_q=64, block_k=64) -> out [B, T, H, D]
+  attend_cached(q, k, v, key_mask, start, ...)     -> out [B, T, H, D], forward only: T new
+            tokens at cache slots start.. over a cache k / v [B, S, K, D] (the sampler's
+            prefill onto a cached prefix)
 
 q [B, T, H, D], k / v [B, T, K, D] (H = K x G), key_mask [B, T] bool: query t may attend key s
 when s <= t and key_mask[b, s] (the mask `models.decoder.Backbone` builds without a cache). A
