@@ -162,18 +162,24 @@ def default_decode_attentions() -> tuple:
   return ("xla", "pallas") if jax.default_backend() == "gpu" else ("xla",)
 
 
+def auto_cache_ranges(spec: dict, batch: int, kv_heads: int) -> int:
+  """How many cache ranges the 'pallas' decode kernel splits into at `batch` under
+  `model.decode_attention_splits=0` (auto), for the spec's full cache length."""
+  from rlrag_jax.sampling import cache_attention
+  return cache_attention.auto_splits(batch, kv_heads, spec["prompt"] + spec["new_tokens"],
+                                     cache_attention.BLOCK)
+
+
 def sampler_runs(spec: dict, attentions: tuple, kv_heads: int) -> list:
   """[(decode attention, model.decode_attention_splits, batch)] the sampler section times: each
   attention at each batch (splits 0: auto), and for 'pallas' the first batch whose kernel splits
   the cache once more in one pass (splits 1)."""
-  from rlrag_jax.sampling import cache_attention
-  length = spec["prompt"] + spec["new_tokens"]
   runs = []
   for impl in attentions:
     runs += [(impl, 0, b) for b in spec["batches"]]
     if impl == "pallas":
       runs += [(impl, 1, b) for b in spec["batches"]
-               if cache_attention.auto_splits(b, kv_heads, length, cache_attention.BLOCK) > 1][:1]
+               if auto_cache_ranges(spec, b, kv_heads) > 1][:1]
   return runs
 
 
@@ -185,12 +191,8 @@ def bench_sampler(spec: dict, dev: dict, clock: Clock, profile: str = "",
   small to fill the GPU), the same batch is timed in one pass too (splits 1)."""
   import jax
   from rlrag_jax.models.decoder import DecoderLM, init_params
-  from rlrag_jax.sampling import cache_attention
   base = _model_config(spec)
   params = init_params(DecoderLM(base), jax.random.PRNGKey(0))
-  length = spec["prompt"] + spec["new_tokens"]
-  ranges = lambda b: cache_attention.auto_splits(b, base.num_kv_heads, length,
-                                                 cache_attention.BLOCK)
   rows, tokens = [], {}
   for impl, splits, b in sampler_runs(spec, attentions, base.num_kv_heads):
     cfg = base.replace(decode_attention=impl, decode_attention_splits=splits)
@@ -200,8 +202,9 @@ def bench_sampler(spec: dict, dev: dict, clock: Clock, profile: str = "",
       continue
     row, out_tokens = _sampler_row(cfg, params, spec, dev, b, profile)
     if impl == "pallas":
-      row["splits"] = splits or ranges(b)
-    tokens[impl, b] = out_tokens
+      row["splits"] = splits or auto_cache_ranges(spec, b, base.num_kv_heads)
+    if not splits:                   # the auto row is the one compared with 'xla'
+      tokens[impl, b] = out_tokens
     if impl != "xla" and ("xla", b) in tokens:
       row["tokens_equal_xla"] = float((out_tokens == tokens["xla", b]).mean())
     rows.append(row)

@@ -45,6 +45,7 @@ def test_a_batch_whose_kernel_splits_the_cache_is_timed_in_one_pass_too():
                   ("pallas", 1, 64)]
   assert accelerator.sampler_runs(accelerator.REDUCED, ("xla", "pallas"), 2) == [
       ("xla", 0, 4), ("pallas", 0, 4)]                   # 24 slots: one block, nothing to split
+  assert [accelerator.auto_cache_ranges(accelerator.FULL, b, 2) for b in (64, 256)] == [2, 1]
   row = dict(batch=64, tok_s=1.0, frac_roofline=0.5, roofline_tok_s=2.0)
   text = accelerator.summary(dict(sampler=[dict(row, decode_attention="pallas", splits=2),
                                            dict(row, decode_attention="pallas", splits=1)]))
