@@ -6,6 +6,7 @@ import math
 import numpy as np
 import pytest
 
+from rlrag_jax import fingerprint
 from rlrag_jax.experiments import kl_stability as kls
 
 
@@ -139,3 +140,8 @@ def test_kl_stability_seeds_aggregate_by_hand(tmp_path):
                                                             abs=1e-3)
   assert "| max_kl_k3 | +0.2, +0.3 | +0.25 | [-0.385, +0.885] | includes 0 |" in text
   assert (tmp_path / "kl_stability_seeds.png").exists()
+  # the raw travels with the aggregate: each seed's figures and every step's curve values
+  assert saved["per_seed"]["1"]["k3"]["max_kl_k3"] == 0.5
+  assert [r["kl_k3"] for r in saved["steps"]["k3"]["1"]] == pytest.approx([0.0, 0.5, 1.0, 1.5])
+  assert [r["step"] for r in saved["steps"]["k2"]["0"]] == [1, 2, 3, 4]
+  assert saved["host"] == json.loads(json.dumps(fingerprint.host()))

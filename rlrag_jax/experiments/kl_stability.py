@@ -40,7 +40,7 @@ import statistics
 import time
 from typing import Optional, Sequence
 
-from rlrag_jax import runlog
+from rlrag_jax import fingerprint, runlog
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -285,7 +285,8 @@ def aggregate_seeds(workdir: pathlib.Path, seeds: Sequence[int]) -> str:
   """Per estimator, mean ± std over seeds of each seed's summary figures and of the curves'
   step-to-step change std (smoothness; `experiments.seeds.curve_stats`); with two estimators,
   their per-seed difference of each figure with a t interval over seeds. Writes
-  <workdir>/kl_stability_seeds.{md,json,png}; returns the markdown."""
+  <workdir>/kl_stability_seeds.{md,json,png} (the json also holds the raw: each seed's figures,
+  every RL step's KL / reward / gradient norm, and the host); returns the markdown."""
   from rlrag_jax.experiments import seeds as seeds_lib
   per_seed = {s: json.loads((workdir / f"seed_{s}" / "kl_stability.json").read_text())
               for s in seeds}
@@ -324,9 +325,14 @@ def aggregate_seeds(workdir: pathlib.Path, seeds: Sequence[int]) -> str:
   lines += ["", seeds_lib.curves_markdown(curves)]
   text = "\n".join(lines)
   (workdir / "kl_stability_seeds.md").write_text(text)
+  # the raw beside the aggregates: each seed's figures and every RL step's curve values, so
+  # each number of the table (and any interval over seeds) is recomputable from this file
+  steps = {e: {str(s): [{k: r[k] for k in ("step", "kl", *SMOOTHNESS) if k in r}
+                        for r in read_rl_rows(dirs[e][s])] for s in seeds} for e in estimators}
   (workdir / "kl_stability_seeds.json").write_text(json.dumps(
       {"seeds": list(seeds), "settings": settings, "figures": figures, "paired": paired,
-       "curves": curves}, indent=1))
+       "curves": curves, "per_seed": {str(s): per_seed[s]["summary"] for s in seeds},
+       "steps": steps, "host": fingerprint.host()}, indent=1))
   seeds_lib.plot_curves(dirs, workdir / "kl_stability_seeds.png", metrics=SMOOTHNESS)
   return text
 
