@@ -65,6 +65,18 @@ class Group:
     return Group([e.silenced() for e in self.episodes], [dict(s) for s in self.scores])
 
 
+@dataclasses.dataclass(frozen=True)
+class EvalSetup:
+  """How the engine evaluated the final params, handed to `Task.report`: a report that
+  evaluates more (reference pipelines on the same questions) uses these instead of reading
+  config sections `eval` / `rl`."""
+  policy: Callable              # the final params' evaluation policy (eval.max_new_tokens,
+                                # rl.temperature / top_k / top_p, eval.batch_size rows a call)
+  examples: Sequence[Any]       # the evaluation's examples (eval.num_examples of `Task.eval`)
+  batch_size: int               # eval.batch_size
+  seed: int                     # the run's seed (the evaluation's rollout keys)
+
+
 class Task(abc.ABC):
   """What the shared engine (trainer, evaluation, experiments) knows of a method.
 
@@ -185,8 +197,9 @@ class Task(abc.ABC):
     '<name>/...'; none by default."""
     return []
 
-  def report(self, workdir, runlog) -> None:
-    """Method-specific plots and tables after training; none by default."""
+  def report(self, workdir, runlog, setup: EvalSetup) -> None:
+    """Method-specific plots and tables after training, given the run log and how the final
+    evaluation ran (`setup`); none by default."""
 
 
 def score(task: Task, episodes: Sequence[Episode], step: int) -> list:

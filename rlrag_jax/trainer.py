@@ -19,7 +19,7 @@ from typing import Any, Optional
 import jax
 
 from rlrag_jax import (compile_cache, config_base, config_check, evaluation, fingerprint, judge,
-                       run_dirs, runlog)
+                       run_dirs, runlog, tasks)
 from rlrag_jax.data import sources
 from rlrag_jax.models import LM, ModelConfig, hf_io, save_hf
 from rlrag_jax.rollout.policy import Policy
@@ -123,7 +123,9 @@ def run(config, *, resume: bool = False, progress: bool = True,
   after = r.evaluate(label)
   r.rlog.write(r.step, "eval_after", after["all"])
   report.write_report(r.workdir, r.rlog, r.before, after, time.time() - t_start, label)
-  r.task.report(r.workdir, r.rlog)
+  r.task.report(r.workdir, r.rlog, tasks.EvalSetup(
+      policy=r.eval_policy.with_params(r.state.params), examples=r.eval_examples,
+      batch_size=int(config.eval.batch_size), seed=int(config.seed)))
   if config.export_hf:
     save_hf(LM(r.model_cfg, jax.device_get(r.state.params), r.task.tokenizer), r.workdir / "hf")
   r.rlog.close()

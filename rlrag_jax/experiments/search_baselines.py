@@ -25,13 +25,22 @@ def main(argv=None) -> int:
     return 2
   examples = sources.cut_eval(list(task.eval), cfg.eval.num_examples, "eval.num_examples")
   pipelines = tuple(p for p in _FLAGS["pipelines"].value.split(",") if p)
-  res = baselines.evaluate_pipelines(task, baselines.eval_policy(lm, task, cfg), examples,
+  res = baselines.evaluate_pipelines(task, eval_policy(lm, task.tokenizer, cfg), examples,
                                      pipelines=pipelines, batch_size=cfg.eval.batch_size,
                                      seed=cfg.seed, progress=True)
   print(baselines.format_pipelines(res))
   if _FLAGS["out"].value:
     pathlib.Path(_FLAGS["out"].value).write_text(json.dumps(res, indent=2))
   return 0
+
+
+def eval_policy(lm, tokenizer, cfg):
+  """The checkpoint's policy as the trainer's final evaluation samples: eval.max_new_tokens,
+  the RL sampling settings where a pipeline samples at all, eval.batch_size rows a call."""
+  from rlrag_jax.rollout.policy import checkpoint_policy
+  return checkpoint_policy(lm, tokenizer, cfg.eval.max_new_tokens,
+                           temperature=cfg.rl.temperature, top_k=cfg.rl.top_k,
+                           top_p=cfg.rl.top_p, rows_per_call=int(cfg.eval.batch_size))
 
 
 _FLAGS = {}

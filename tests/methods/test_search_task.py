@@ -365,6 +365,33 @@ def test_pipelines_with_a_scripted_policy(task):
   assert ep.info["tool_calls"] == 0
 
 
+def test_the_report_runs_the_pipelines_on_the_engines_final_evaluation(task, tmp_path):
+  """`report` evaluates the reference pipelines with the policy, examples, batch size and seed
+  the engine hands it (`tasks.EvalSetup`), not ones rebuilt from config sections eval / rl:
+  its table is `evaluate_pipelines` on exactly those, here 3 examples where the config's
+  evaluation would take 8."""
+  import json
+  from rlrag_jax import runlog, tasks
+  from rlrag_jax.methods.search import baselines
+  assert task.settings.eval.baselines and int(task.config.data.max_eval) == 8
+  exs = task.eval[:3]
+  answer = lambda e: task.tokenizer(f"\n<reflect>r</reflect>\n<answer>{e.answers[0]}</answer>",
+                                    add_special_tokens=False)["input_ids"] + [2]
+
+  def policy():
+    p = ScriptedPolicy([[answer(e)] for e in exs])
+    p.prompts = [task.prompt_ids(e) for e in exs]
+    return p
+  rlog = runlog.RunLog(tmp_path, tensorboard=False)
+  task.report(tmp_path, rlog, tasks.EvalSetup(policy(), exs, batch_size=2, seed=3))
+  saved = json.loads((tmp_path / "search_report.json").read_text())["pipelines"]
+  assert saved == baselines.evaluate_pipelines(task, policy(), exs, batch_size=2, seed=3)
+  assert {name: t["world"]["n"] for name, t in saved.items()} == {
+      "agent": 3, "no_retrieval": 3, "naive_rag": 3}
+  assert saved["no_retrieval"]["world"]["em"] == 1.0     # the scripted answers are gold
+  assert "Agent vs reference pipelines" in (tmp_path / "search_report.txt").read_text()
+
+
 @pytest.mark.slow
 def test_pipelines_on_a_tiny_random_model(task):
   """The whole path with the real sampler: every pipeline runs, serves no search beyond what

@@ -338,7 +338,7 @@ class SteeringTask(Task):
   def eval_metrics(self, episode) -> dict:
     return self.eval_metrics_batch([episode])[0]
 
-  def report(self, workdir, rlog) -> None:
+  def report(self, workdir, rlog, setup) -> None:
     from rlrag_jax.methods.r2ag import report
     report.write(self, pathlib.Path(workdir))
 

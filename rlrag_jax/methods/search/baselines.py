@@ -26,7 +26,6 @@ import pathlib
 import numpy as np
 
 from rlrag_jax import evaluation, runlog
-from rlrag_jax.data import sources
 from rlrag_jax.tasks import Task
 
 COLUMNS = ("f1", "em", "accuracy", "rc", "format")
@@ -160,10 +159,11 @@ def plot_curve(curve: list, stage2_step: int, out_png) -> pathlib.Path:
   return runlog.save_figure(fig, out_png, "Accuracy vs retrieval count across training")
 
 
-def write_report(task, workdir, rlog) -> dict:
-  """search_report.{txt,json} and accuracy_vs_rc.png in `workdir` (see the module docstring)."""
+def write_report(task, workdir, rlog, setup) -> dict:
+  """search_report.{txt,json} and accuracy_vs_rc.png in `workdir` (see the module docstring);
+  the pipelines run `setup`'s policy on its examples (`tasks.EvalSetup`: the engine's final
+  evaluation)."""
   workdir = pathlib.Path(workdir)
-  config = task.config
   curve = eval_curve(rlog)
   report = {"curve": curve, "stages": stage_comparison(curve, task.stage2_step)}
   text = []
@@ -182,11 +182,8 @@ def write_report(task, workdir, rlog) -> dict:
     text.append(runlog.format_table(rows, ["point"] + [k for k in st["delta"]],
                                     title="Stage 1 vs stage 2"))
   if task.settings.eval.baselines:
-    from rlrag_jax.run_dirs import load_trained
-    policy = eval_policy(load_trained(workdir), task, config)
-    examples = sources.cut_eval(list(task.eval), config.eval.num_examples, "eval.num_examples")
-    report["pipelines"] = evaluate_pipelines(task, policy, examples,
-                                             batch_size=config.eval.batch_size, seed=config.seed)
+    report["pipelines"] = evaluate_pipelines(task, setup.policy, setup.examples,
+                                             batch_size=setup.batch_size, seed=setup.seed)
     text.append(format_pipelines(report["pipelines"]))
   body = "\n\n".join(text)
   (workdir / "search_report.txt").write_text(body + "\n")
@@ -195,10 +192,3 @@ def write_report(task, workdir, rlog) -> dict:
     print(body)
   return report
 
-
-def eval_policy(lm, task, config):
-  """The pipelines sample at the RL temperature where they sample at all."""
-  from rlrag_jax.rollout.policy import checkpoint_policy
-  return checkpoint_policy(lm, task.tokenizer, config.eval.max_new_tokens,
-                           temperature=config.rl.temperature,
-                           rows_per_call=int(config.eval.batch_size))

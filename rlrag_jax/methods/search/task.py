@@ -378,11 +378,12 @@ class SearchTask(Task):
       yield prompts.gold_trajectory_direct(ex)
     yield prompts.PROMPT
 
-  def report(self, workdir, rlog) -> None:
+  def report(self, workdir, rlog, setup) -> None:
     """Accuracy-vs-RC curves across training and, with `search.eval.baselines`, the agent
-    against the two reference pipelines on the held-out examples (see baselines.py)."""
+    against the two reference pipelines on the final evaluation's examples, policy, batch size
+    and seed (`setup`; see baselines.py)."""
     from rlrag_jax.methods.search import baselines
-    baselines.write_report(self, workdir, rlog)
+    baselines.write_report(self, workdir, rlog, setup)
 
 
 # -------------------------------------------------------------------------------- helpers

@@ -544,7 +544,7 @@ class ProxyTask(Task):
   def eval_metrics(self, episode) -> dict:
     return self.eval_metrics_batch([episode])[0]
 
-  def report(self, workdir, rlog) -> None:
+  def report(self, workdir, rlog, setup) -> None:
     from rlrag_jax.methods.sparkle import report
     report.write(self, pathlib.Path(workdir))
 
