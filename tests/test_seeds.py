@@ -8,6 +8,7 @@ import pytest
 from rlrag_jax import fingerprint
 from rlrag_jax.experiments import seeds
 
+_REAL_RUN_ALL = seeds.run_all
 
 def test_paired_bootstrap_against_a_direct_computation():
   d = [0.0, 1.0, 1.0, 0.0, 1.0, -1.0]
@@ -120,6 +121,81 @@ def test_cli_resumes_compares_arms_and_writes_outputs(tmp_path, monkeypatch):
     seeds.main([f"--out={out}"])                           # no --config, no --summarize
   with pytest.raises(SystemExit):
     seeds.main(["--config=x", f"--out={out}", "--bogus=1"])
+
+
+def _seed_table(tmp_path, monkeypatch, name, seed_list, flags=()):
+  """seeds.json of the fake runs of `seed_list` (after EM depends on the seed), via the CLI."""
+  def fake_runner(cmd, log_path):
+    seed = int(next(a for a in cmd if a.startswith("--config.seed=")).split("=")[1])
+    _fake_run(log_path.parent, [0, 0, seed % 2, 0], [1, seed % 3 == 0, seed % 2, 0])
+    return 0
+  monkeypatch.setattr(seeds, "run_all", lambda jobs, parallel: _REAL_RUN_ALL(
+      jobs, parallel, runner=fake_runner))
+  out = tmp_path / name
+  assert seeds.main(["--config=configs/arena.py", f"--seeds={seed_list}", f"--out={out}",
+                     "--resamples=100", "--plot=em", *flags]) == 0
+  return out / "seeds.json"
+
+
+def test_merged_tables_equal_the_table_of_all_seeds_run_at_once(tmp_path, monkeypatch):
+  """--summarize=A.json,B.json: two runs of one command on disjoint seeds give, merged, the
+  record and markdown that one run over all their seeds gives (runs, curves, every interval);
+  --seeds keeps a subset, equal to running that subset."""
+  whole = _seed_table(tmp_path, monkeypatch, "whole", "0,1,2,3")
+  part_a = _seed_table(tmp_path, monkeypatch, "a", "2,0")
+  part_b = _seed_table(tmp_path, monkeypatch, "b", "3,1")
+  merged = tmp_path / "merged"
+  assert seeds.main([f"--summarize={part_a},{part_b}", f"--out={merged}",
+                     "--resamples=100"]) == 0
+  want, got = json.loads(whole.read_text()), json.loads((merged / "seeds.json").read_text())
+  assert got["seeds"] == [0, 1, 2, 3] and list(got["runs"]["main"]) == ["0", "1", "2", "3"]
+  assert got == want
+  text = (merged / "seeds.md").read_text()
+  assert text == (whole.parent / "seeds.md").read_text()
+  assert (merged / "seeds.png").stat().st_size > 1000
+  # --seeds on one file: the subset, as if only those seeds had run
+  sub = _seed_table(tmp_path, monkeypatch, "sub", "1,3")
+  assert seeds.main([f"--summarize={whole}", "--seeds=3,1", f"--out={tmp_path / 'kept'}",
+                     "--name=odd", "--resamples=100"]) == 0
+  kept = json.loads((tmp_path / "kept" / "odd.json").read_text())
+  assert kept["seeds"] == [1, 3]
+  assert kept["runs"] == json.loads(sub.read_text())["runs"]
+  assert kept["summary"] == json.loads(sub.read_text())["summary"]
+  assert (tmp_path / "kept" / "odd.md").read_text() == (sub.parent / "seeds.md").read_text()
+
+
+def test_merge_refuses_records_of_other_commands_and_names_the_field(tmp_path, monkeypatch):
+  a = _seed_table(tmp_path, monkeypatch, "a", "0,1")
+  other = _seed_table(tmp_path, monkeypatch, "o", "2", ["--config.rl.lr=0.5"])
+  named = [("a.json", json.loads(a.read_text())), ("o.json", json.loads(other.read_text()))]
+  with pytest.raises(seeds.MergeError, match=r"o.json field 'overrides'"):
+    seeds.merge_records(named)
+  same = json.loads(a.read_text())
+  with pytest.raises(seeds.MergeError, match=r"arm 'main' seed 0 is in \['a.json', 'b.json'\]"):
+    seeds.merge_records([("a.json", same), ("b.json", same)])
+  only_1 = seeds.merge_records([("a.json", same)], seeds=[1])
+  assert list(only_1["runs"]["main"]) == ["1"] and list(only_1["plot"]["series"]["main"]) == ["1"]
+  # a seed two files hold is fine when --seeds leaves it out
+  assert seeds.merge_records([("a.json", same), ("d.json", only_1)], seeds=[0])["seeds"] == [0]
+  with pytest.raises(seeds.MergeError, match=r"seed\(s\) \[7\] are in none"):
+    seeds.merge_records([("a.json", same)], seeds=[0, 7])
+  # hosts: one entry per file when they differ, so the table says which machine made which seed
+  b = _seed_table(tmp_path, monkeypatch, "b", "2,3")
+  rec_b = json.loads(b.read_text())
+  rec_b["host"] = dict(rec_b["host"], cpu="another")
+  got = seeds.merge_records([("a.json", same), ("b.json", rec_b)])
+  assert got["host"] == {"seeds 0, 1 (a.json)": same["host"], "seeds 2, 3 (b.json)": rec_b["host"]}
+  assert seeds.merge_records([("a.json", same), ("b.json", rec_b)], seeds=[0])["host"] == \
+      same["host"]
+  # the CLI: the same errors as a one-line usage error (exit 2), nothing written
+  with pytest.raises(SystemExit) as e:
+    seeds.main([f"--summarize={a},{other}", f"--out={tmp_path / 'x'}"])
+  assert e.value.code == 2 and not (tmp_path / "x").exists()
+  md = a.parent / "seeds.md"
+  with pytest.raises(SystemExit):
+    seeds.main([f"--summarize={a},{md}"])           # a markdown table has no rows to merge
+  with pytest.raises(SystemExit):
+    seeds.main([f"--summarize={md}", "--seeds=0"])
 
 
 def test_mid_run_points_pair_against_a_stage_boundary(tmp_path):

@@ -5,6 +5,8 @@
   python -m rlrag_jax.experiments.seeds --config=configs/arena.py --seeds=0,1,2 --out=DIR \\
       --arm k2=--config.rl.kl_estimator=k2 --arm k3=--config.rl.kl_estimator=k3
   python -m rlrag_jax.experiments.seeds --summarize=DIR/seeds.json [--out=DIR2]
+  python -m rlrag_jax.experiments.seeds --summarize=A/seeds.json,B/seeds.json [--seeds=1,2,3] \\
+      --out=DIR [--name=NAME]
   python -m rlrag_jax.experiments.seeds --summarize=DIR/seeds.md [--rerun='the command']
 
 Each (arm, seed) is one `python -m rlrag_jax.train` process with `--config.seed=S` and its own
@@ -42,7 +44,10 @@ mean ± std over seeds.
 
 `--summarize=DIR/seeds.json` runs nothing: it recomputes the summary from the per-example rows
 the file holds and writes DIR/seeds.json and seeds.md again (seeds.png too when the file holds the
-curves). `--summarize=DIR/seeds.md`, for a committed table whose seeds.json was not kept, adds a
+curves). Several files, comma-separated, made by one command (same config, flags, arms and
+points) on disjoint seeds, are merged into one table first (`merge_records`: the runs copied
+unchanged, the hosts kept per file where they differ); `--seeds` keeps some of the seeds (also of
+a single file). `--summarize=DIR/seeds.md`, for a committed table whose seeds.json was not kept, adds a
 section of Student-t intervals over seeds computed from its mean ± std rows.
 """
 from __future__ import annotations
@@ -477,7 +482,11 @@ def resummarise(source: pathlib.Path, out: pathlib.Path, name: str,
   record names (or its summary holds); training-curve statistics (--curves) need the runs'
   metrics.jsonl and are carried over as they were. seeds.png is redrawn when the record holds
   the plotted curves (written since this function exists); otherwise it is left alone."""
-  record = json.loads(source.read_text())
+  return summarise_record(json.loads(source.read_text()), out, name, resamples)
+
+
+def summarise_record(record: dict, out: pathlib.Path, name: str, resamples: int = 2000) -> str:
+  """`resummarise` on a record already read (or merged, `merge_records`)."""
   runs = {arm: {int(s): r for s, r in by.items()} for arm, by in record["runs"].items()}
   old = record.get("summary", {})
   summary = summarise(runs, resamples)
@@ -493,6 +502,84 @@ def resummarise(source: pathlib.Path, out: pathlib.Path, name: str,
   if record.get("plot"):
     plot_series(record["plot"]["series"], out / f"{name}.png", record["plot"]["metrics"])
   return text
+
+
+class MergeError(ValueError):
+  """Records that cannot make one table; the message names the file and the field."""
+
+
+# What must agree between merged records: the table describes one command's runs.
+_MERGE_SAME = ("config", "overrides", "arms", "points")
+
+
+def merge_records(named: Sequence[tuple], seeds: Optional[Sequence[int]] = None) -> dict:
+  """One seeds.json record from several (name, record) pairs made by the same command
+  (config, overrides, arms and points equal; contrasts and plotted metrics equal where both
+  hold them), keeping `seeds` (default: every seed any of them holds). A seed held by two
+  records, or asked for and held by none, is an error. The runs and plotted curves are
+  copied unchanged; the summary is left to `summarise_record`. Hosts: kept as one when all
+  records name the same, else one entry per record ('seeds 1, 2 (<name>)': host). Training-
+  curve statistics (--curves) are dropped: they need the runs' metrics.jsonl."""
+  if not named:
+    raise MergeError("merge: no records")
+  first_name, first = named[0]
+  for name, rec in named[1:]:
+    for key in _MERGE_SAME:
+      if rec.get(key) != first.get(key):
+        raise MergeError(f"merge: {name} field {key!r} is {rec.get(key)!r}, {first_name} has "
+                         f"{first.get(key)!r}: the records come from different commands")
+    for key, get in (("contrast", lambda r: r.get("contrast")),
+                     ("plot.metrics", lambda r: (r.get("plot") or {}).get("metrics"))):
+      if get(rec) and get(first) and get(rec) != get(first):
+        raise MergeError(f"merge: {name} field {key!r} is {get(rec)!r}, {first_name} has "
+                         f"{get(first)!r}")
+  held = {}                                    # (arm, seed) -> names holding it
+  for name, rec in named:
+    for arm, by in rec["runs"].items():
+      for s in by:
+        held.setdefault((arm, int(s)), []).append(name)
+  every = sorted({s for _, s in held})
+  keep = sorted(set(seeds)) if seeds is not None else every
+  missing = [s for s in keep if s not in every]
+  if missing:
+    raise MergeError(f"merge: seed(s) {missing} are in none of {[n for n, _ in named]} "
+                     f"(they hold {every})")
+  twice = {k: v for k, v in held.items() if k[1] in keep and len(v) > 1}
+  if twice:
+    (arm, s), names = next(iter(twice.items()))
+    raise MergeError(f"merge: arm {arm!r} seed {s} is in {names}: pick one with --seeds")
+  merged = json.loads(json.dumps(first))       # a deep copy, key order kept
+  merged["seeds"] = keep
+  merged["runs"] = {arm: {} for arm in first["runs"]}
+  series = {arm: {} for arm in first["runs"]}
+  for _, rec in named:
+    for arm, by in rec["runs"].items():
+      for s, r in by.items():
+        if int(s) in keep:
+          merged["runs"].setdefault(arm, {})[str(s)] = r
+    for arm, by in ((rec.get("plot") or {}).get("series") or {}).items():
+      for s, curve in by.items():
+        if int(s) in keep:
+          series.setdefault(arm, {})[str(s)] = curve
+  for arm in merged["runs"]:
+    merged["runs"][arm] = dict(sorted(merged["runs"][arm].items(), key=lambda kv: int(kv[0])))
+    series[arm] = dict(sorted(series.get(arm, {}).items(), key=lambda kv: int(kv[0])))
+  if merged.get("plot"):
+    merged["plot"]["series"] = series
+  merged["contrast"] = next((r["contrast"] for _, r in named if r.get("contrast")),
+                            first.get("contrast", []))
+  used = [(name, rec) for name, rec in named
+          if any(int(s) in keep for by in rec["runs"].values() for s in by)]
+  hosts = [json.dumps(rec.get("host"), sort_keys=True) for _, rec in used]
+  if len(set(hosts)) > 1:
+    merged["host"] = {
+        "seeds " + ", ".join(str(s) for s in sorted({int(s) for by in rec["runs"].values()
+                                                     for s in by if int(s) in keep}))
+        + f" ({name})": rec.get("host") for name, rec in used}
+  elif used:
+    merged["host"] = used[0][1].get("host")
+  merged.setdefault("summary", {}).pop("curves", None)
+  return merged
 
 
 SEED_LEVEL_HEADING = "## Seed-level intervals (the per-example raw was not committed)"
@@ -572,12 +659,58 @@ def annotate_markdown(source: pathlib.Path, out: pathlib.Path, rerun: str = "") 
   return section
 
 
+def _parse_seeds(parser, text: str) -> list:
+  try:
+    return [int(s) for s in text.split(",") if s.strip()]
+  except ValueError:
+    parser.error(f"--seeds={text!r}: expected comma-separated integers")
+  return []
+
+
+def _summarize_cli(parser, args) -> int:
+  """--summarize: one .json resummarised, several merged (or one filtered by --seeds), or one
+  .md annotated."""
+  sources = [pathlib.Path(p) for p in args.summarize.split(",") if p.strip()]
+  for source in sources:
+    if not source.exists():
+      parser.error(f"--summarize={source}: no such file")
+    if source.suffix not in (".json", ".md"):
+      parser.error(f"--summarize={source}: expected a seeds .json or .md")
+  out = pathlib.Path(args.out) if args.out else sources[0].parent
+  if len(sources) == 1 and sources[0].suffix == ".md":
+    if args.seeds is not None:
+      parser.error("--seeds with --summarize=FILE.md: a markdown table's seeds cannot be "
+                   "chosen (its per-example rows are not there)")
+    print(annotate_markdown(sources[0], out, args.rerun))
+    return 0
+  if any(s.suffix != ".json" for s in sources):
+    parser.error(f"--summarize={args.summarize}: only seeds .json files can be merged")
+  if len(sources) == 1 and args.seeds is None:
+    print(resummarise(sources[0], out, args.name or sources[0].stem, args.resamples))
+    return 0
+  keep = _parse_seeds(parser, args.seeds) if args.seeds is not None else None
+  named = []
+  for source in sources:
+    try:
+      named.append((str(source), json.loads(source.read_text())))
+    except json.JSONDecodeError as e:
+      parser.error(f"--summarize: {source} line {e.lineno}: not JSON ({e.msg})")
+  try:
+    record = merge_records(named, keep)
+  except MergeError as e:
+    parser.error(str(e))
+  print(summarise_record(record, out, args.name or "seeds", args.resamples))
+  return 0
+
+
 # ------------------------------------------------------------------------------- CLI
 def main(argv: Optional[Sequence[str]] = None) -> int:
   import argparse
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--config", help="the config file (required unless --summarize)")
-  parser.add_argument("--seeds", default="0,1,2")
+  parser.add_argument("--seeds", default=None,
+                      help="comma-separated seeds (default 0,1,2); with --summarize of .json "
+                      "files, the seeds to keep")
   parser.add_argument("--out", help="output directory (default with --summarize: the source's)")
   parser.add_argument("--parallel", type=int, default=1)
   parser.add_argument("--resamples", type=int, default=2000)
@@ -599,8 +732,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   parser.add_argument("--summarize", metavar="FILE", default=None,
                       help="run nothing: FILE.json (a seeds.json) is summarised again from its "
                       "per-example rows into DIR/<name>.json, .md (and .png when it holds the "
-                      "curves); FILE.md (a committed table without its seeds.json) gets the "
-                      "seed-level t intervals its mean ± std rows allow, as a section")
+                      "curves); A.json,B.json,... (records of one command, disjoint seeds) "
+                      "are merged first, --seeds keeping some; FILE.md (a committed table "
+                      "without its seeds.json) gets the seed-level t intervals its mean ± std "
+                      "rows allow, as a section")
   parser.add_argument("--rerun", default="",
                       help="with --summarize=FILE.md: the command that regenerates the table "
                       "with its per-example raw, quoted in the section")
@@ -610,24 +745,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.error(f"unrecognised arguments {bad}: only --config.<key>=<value> overrides pass "
                  "through to the training runs")
   if args.summarize:
-    source = pathlib.Path(args.summarize)
-    if not source.exists():
-      parser.error(f"--summarize={source}: no such file")
-    out = pathlib.Path(args.out) if args.out else source.parent
-    if source.suffix == ".json":
-      print(resummarise(source, out, args.name or source.stem, args.resamples))
-    elif source.suffix == ".md":
-      print(annotate_markdown(source, out, args.rerun))
-    else:
-      parser.error(f"--summarize={source}: expected a seeds .json or .md")
-    return 0
+    return _summarize_cli(parser, args)
   if not args.config or not args.out:
     parser.error("--config and --out are required (unless --summarize)")
   name = args.name or "seeds"
-  try:
-    seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
-  except ValueError:
-    parser.error(f"--seeds={args.seeds!r}: expected comma-separated integers")
+  seeds = _parse_seeds(parser, args.seeds or "0,1,2")
   arms = {"main": []}
   if args.arm:
     arms = {}
