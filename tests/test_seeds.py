@@ -196,6 +196,8 @@ def test_merge_refuses_records_of_other_commands_and_names_the_field(tmp_path, m
     seeds.main([f"--summarize={a},{md}"])           # a markdown table has no rows to merge
   with pytest.raises(SystemExit):
     seeds.main([f"--summarize={md}", "--seeds=0"])
+  with pytest.raises(SystemExit):
+    seeds.main(["--summarize=,"])
 
 
 def test_mid_run_points_pair_against_a_stage_boundary(tmp_path):

@@ -671,6 +671,8 @@ def _summarize_cli(parser, args) -> int:
   """--summarize: one .json resummarised, several merged (or one filtered by --seeds), or one
   .md annotated."""
   sources = [pathlib.Path(p) for p in args.summarize.split(",") if p.strip()]
+  if not sources:
+    parser.error(f"--summarize={args.summarize!r}: no file named")
   for source in sources:
     if not source.exists():
       parser.error(f"--summarize={source}: no such file")
