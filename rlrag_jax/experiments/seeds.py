@@ -568,14 +568,12 @@ def merge_records(named: Sequence[tuple], seeds: Optional[Sequence[int]] = None)
     merged["plot"]["series"] = series
   merged["contrast"] = next((r["contrast"] for _, r in named if r.get("contrast")),
                             first.get("contrast", []))
-  used = [(name, rec) for name, rec in named
-          if any(int(s) in keep for by in rec["runs"].values() for s in by)]
-  hosts = [json.dumps(rec.get("host"), sort_keys=True) for _, rec in used]
-  if len(set(hosts)) > 1:
-    merged["host"] = {
-        "seeds " + ", ".join(str(s) for s in sorted({int(s) for by in rec["runs"].values()
-                                                     for s in by if int(s) in keep}))
-        + f" ({name})": rec.get("host") for name, rec in used}
+  kept = {name: sorted({int(s) for by in rec["runs"].values() for s in by} & set(keep))
+          for name, rec in named}
+  used = [(name, rec) for name, rec in named if kept[name]]
+  if len({json.dumps(rec.get("host"), sort_keys=True) for _, rec in used}) > 1:
+    merged["host"] = {f"seeds {', '.join(map(str, kept[name]))} ({name})": rec.get("host")
+                      for name, rec in used}
   elif used:
     merged["host"] = used[0][1].get("host")
   merged.setdefault("summary", {}).pop("curves", None)
