@@ -206,6 +206,21 @@ def trainer_config(method: str, workdir: str) -> ml_collections.ConfigDict:
   return c
 
 
+def retrieval_config(**overrides) -> ml_collections.ConfigDict:
+  """`retrieval`, the section of the methods that search a corpus (`retrieval.from_config`):
+  backend ('exact' | 'scann'), corpus ('' = the data source's own: the embedded world's
+  passages, or the selected examples' pooled paragraphs; else a name in loaders.CORPORA or a
+  JSONL path), index (a built index folder; '' = none), url (a retrieval server; '' = none),
+  encoder_path ('' = the packaged MiniLM), cache_dir ('' = <workdir>/retriever),
+  scann_brute_force_below. A config that holds open-domain questions must set one of corpus /
+  index / url (`config_check.NeedsCorpus`)."""
+  c = ml_collections.ConfigDict(dict(
+      backend="exact", corpus="", index="", url="", encoder_path="", cache_dir="",
+      scann_brute_force_below=16384))   # scann: exact brute force for smaller corpora
+  c.update(overrides)
+  return c
+
+
 def section(cls, cfg, where: str):
   """The frozen dataclass `cls` built from config section `cfg` (a ConfigDict or dict) at the
   dotted key `where` ('r2ag', 'sparkle.eval'): the one way a method or the trainer parses its
@@ -258,6 +273,8 @@ ADDED_LATER = {
     "sft.epochs": 0.0,           # sft.steps counted the SFT warm-up
     "model.scan_layers": False,  # the blocks ran unrolled
     "retrieval.scann_brute_force_below": 16384,   # ScaNN's default then (index.BRUTE_FORCE_BELOW)
+    "retrieval.index": "",       # no index folder: the corpus (or the selection's paragraphs)
+    "retrieval.url": "",         # no retrieval server
 }
 
 

@@ -16,10 +16,12 @@ methods and presets). The allowed sets are the consumers' own constants (`rl.kl.
 disagree; ranges are what the consuming code needs (a learning rate above 0, a probability in
 [0, 1], a count of at least 1, 0 where the code documents 0 as "off").
 
-What the table cannot say is left to the consumers: keys that depend on each other (a cosine
-schedule's warmup shorter than the run, the world's dev + test fractions, SPARKLE's
+What the table cannot say is mostly left to the consumers: keys that depend on each other (a
+cosine schedule's warmup shorter than the run, the world's dev + test fractions, SPARKLE's
 rl.group_size 1), paths that must exist, and keys whose allowed values depend on the task
-(rl.dynamic_sampling_key, rl.ppo.whiten_by).
+(rl.dynamic_sampling_key, rl.ppo.whiten_by). A method's `config_rules.py` may also list
+`CHECKS`: callables `(config) -> list of problem lines` over several keys, run by `check` with
+the table (`NeedsCorpus`: open-domain questions need a retrieval corpus).
 """
 from __future__ import annotations
 
@@ -304,6 +306,73 @@ def shared_rules() -> dict:
   }
 
 
+# The config keys that name a retrieval corpus: a corpus file or name (loaders.CORPORA), a built
+# index folder, or a retrieval server. One of them set, a run searches that collection.
+CORPUS_KEYS = ("retrieval.corpus", "retrieval.index", "retrieval.url")
+
+
+@dataclasses.dataclass(frozen=True)
+class NeedsCorpus:
+  """A cross-key check: a config that reads real datasets (`data.source` 'files') and retrieves
+  must name its corpus (one of `CORPUS_KEYS`) when it holds open-domain questions (datasets
+  whose records carry no paragraphs: NQ, TriviaQA, PopQA, Bamboogle, MuSiQue's
+  dev_no_paragraphs; `loaders.carries_passages`). Without one, `retrieval.from_config.corpus_for`
+  pools the selected examples' own paragraphs, and those questions would search the other
+  datasets' paragraphs. `always`: every dataset needs the corpus (a protocol whose retrieval is
+  open for all of them, as Search-R1's wiki-18), not only the open-domain ones. `protocol`
+  names the collection the method's paper searched, for the message.
+
+  A config without a `retrieval` section (a method that does not retrieve) passes."""
+  protocol: str = ""
+  always: bool = False
+
+  def __call__(self, config) -> list:
+    from rlrag_jax.data import loaders, sources
+    values = flat(config)
+    if values.get("data.source") != "files" or "retrieval.corpus" not in values:
+      return []
+    if any(values.get(k) for k in CORPUS_KEYS):
+      return []
+    needs = {}                        # dataset name -> the keys whose entries name it
+    for key in ("data.mix", "data.eval_mix", "data.val_mix"):
+      for spec in values.get(key) or ():
+        try:
+          name, split, _ = sources.parse_spec(spec, key)
+          open_domain = not loaders.carries_passages(name, split)
+        except ValueError:            # the table's DatasetSpec names a malformed entry
+          continue
+        if self.always or open_domain:
+          needs.setdefault(name, [])
+          if key not in needs[name]:
+            needs[name].append(key)
+    if not needs:
+      return []
+    keys = sorted({k for ks in needs.values() for k in ks})
+    why = ("this method's protocol retrieves from a corpus for every dataset"
+           if self.always else "their records carry no paragraphs")
+    return [f"{' and '.join(keys)} name{'s' if len(keys) == 1 else ''} {', '.join(needs)}, "
+            f"which need{'s' if len(needs) == 1 else ''} a retrieval corpus "
+            f"({why}), but none of {', '.join(CORPUS_KEYS)} is set: the run would search the "
+            "other selected datasets' paragraphs instead"
+            + (f". The paper searched {self.protocol}" if self.protocol else "")
+            + ". Set one, e.g. --config.retrieval.corpus=wiki18 (the shared sample of wiki-18) "
+            "or a JSONL path"]
+
+
+def method_checks(method: str) -> tuple:
+  """`CHECKS` of `rlrag_jax/methods/<method>/config_rules.py` (() without one)."""
+  name = f"rlrag_jax.methods.{method}.config_rules"
+  if method not in methods():
+    return ()
+  try:
+    mod = importlib.import_module(name)
+  except ModuleNotFoundError as e:
+    if e.name == name:
+      return ()
+    raise
+  return tuple(getattr(mod, "CHECKS", ()))
+
+
 def method_rules(method: str) -> dict:
   """`RULES` of `rlrag_jax/methods/<method>/config_rules.py` ({} for a method without one)."""
   name = f"rlrag_jax.methods.{method}.config_rules"
@@ -350,14 +419,19 @@ def _apply(rule, key: str, value) -> list:
 
 
 def problems(config, table: Optional[dict] = None) -> list:
-  """One line per value of `config` that its rule rejects, in the config's key order."""
+  """One line per value of `config` that its rule rejects, in the config's key order, then the
+  lines of the method's cross-key `CHECKS` (run when `table` is not given)."""
   values = flat(config)
-  table = rules_for(str(values.get("method", ""))) if table is None else table
+  method = str(values.get("method", ""))
+  checks = method_checks(method) if table is None else ()
+  table = rules_for(method) if table is None else table
   out = []
   for key, value in values.items():
     for pattern, rule in table.items():
       if fnmatch.fnmatchcase(key, pattern):
         out += _apply(rule, key, value)
+  for c in checks:
+    out += list(c(config))
   return out
 
 

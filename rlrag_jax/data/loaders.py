@@ -10,6 +10,10 @@ Every loader reads its JSONL file line by line and turns each record into one `s
   flashrag   `id`, `question`, `golden_answers` (nq, triviaqa, popqa, ...); no contexts;
              hops = 1. PopQA's own release (`id`, `question`, `possible_answers` as a JSON
              string or list) reads the same way.
+  FlashRAG's releases of hotpotqa / 2wiki / musique / bamboogle (`id`, `question`,
+             `golden_answers`: no paragraphs) are read too: a record with `golden_answers` is
+             parsed as FlashRAG's layout under the dataset's own name (source, hops: 2, or
+             MuSiQue's id prefix), whichever layout the file's other records have.
   world      the embedded synthetic world (`rlrag_jax.data.world.build(seed=0)`).
 
 Sentences are stripped; `Context.text` joins the non-empty ones with a space.
@@ -336,6 +340,41 @@ _PARSERS = {"hotpotqa": _parse_hotpotqa, "2wiki": _parse_2wiki, "musique": _pars
             "bamboogle": _parse_bamboogle}
 
 
+def _or_flashrag(dataset: str, native: Callable) -> Callable[[dict, _Where], Example]:
+  """`native`, or FlashRAG's layout for a record that has `golden_answers` (FlashRAG ships
+  every QA set that way: question + answers, no paragraphs), with the dataset's name as source
+  and its usual hop count."""
+  flash = _flashrag_parser(dataset)
+
+  def parse(rec: dict, where: _Where) -> Example:
+    if "golden_answers" not in rec:
+      return native(rec, where)
+    ex = flash(rec, where)
+    m = _HOPS.match(ex.id)
+    ex.hops = int(m.group(1)) if m else 2
+    return ex
+  return parse
+
+
+# The datasets whose records never carry passages: their questions are open-domain, answerable
+# only from a corpus (`retrieval.corpus`), never from the pooled paragraphs of other datasets.
+# (hotpotqa / 2wiki / musique carry their paragraphs in the layouts the shared samples hold, not
+# in FlashRAG's; a config check cannot see a file's layout.)
+OPEN_DOMAIN = ("flashrag", "bamboogle") + FLASHRAG_SUBSETS
+
+
+def carries_passages(name: str, split: Optional[str] = None) -> bool:
+  """Whether dataset `name` (split `split`) comes with its own paragraphs in the layouts the
+  shared samples hold: False for the FlashRAG subsets, Bamboogle and MuSiQue's
+  dev_no_paragraphs."""
+  dataset, subset = _canonical(name)
+  if dataset == "world":
+    return True
+  if (subset or dataset) in OPEN_DOMAIN:
+    return False
+  return not (dataset == "musique" and split == "dev_no_paragraphs")
+
+
 # ----------------------------------------------------------------------------- file reading
 
 
@@ -479,7 +518,7 @@ def iter_dataset(name: str, path: Optional[PathLike] = None, split: Optional[str
     return iter(_world_split(split or _DEFAULT_SPLIT["world"], path, report))
   file = dataset_path(name, split, path)
   parse = _flashrag_parser(_flashrag_source(subset, path)) if dataset == "flashrag" \
-      else _PARSERS[dataset]
+      else _or_flashrag(dataset, _PARSERS[dataset])
   return _iter_parsed(file, parse, skip_invalid, report)
 
 

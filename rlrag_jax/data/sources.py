@@ -130,6 +130,14 @@ def parse_spec(spec: str, key: str = "data.mix") -> tuple:
   return name, split or None, count
 
 
+def load_entry(spec: str, data_cfg, seed: int, key: str) -> list:
+  """The examples of one 'name:split[:count]' entry of config key `key`, read as `select` reads
+  `data.mix` / `data.eval_mix` entries (data.dir, data.skip_invalid, the seeded count). A
+  missing file is a FileNotFoundError naming it and where it looked (RLRAG_DATA_DIR or
+  data.dir), for a caller that lists missing datasets instead of stopping at the first."""
+  return _load_spec(spec, data_cfg, seed, key)
+
+
 def _load_spec(spec: str, data_cfg, seed: int, key: str, exclude: Optional[list] = None) -> list:
   """The examples of one mix entry; `exclude`: examples whose questions are not drawn (case and
   spacing ignored), left out before the count is drawn."""

@@ -13,3 +13,8 @@ RULES = {
     "apex.max_answer_tokens": cc.COUNT,
     "apex.max_passage_words": cc.COUNT_OR_OFF,       # 0: whole passages
 }
+
+# Open-domain questions (Bamboogle in the executor's ':paper') search a corpus, not the other
+# datasets' paragraphs. The planner has no retrieval section and passes.
+CHECKS = (cc.NeedsCorpus(protocol="Search-R1's environment: e5 over the December 2018 "
+                                  "Wikipedia (wiki-18)"),)

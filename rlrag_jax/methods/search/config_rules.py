@@ -21,3 +21,7 @@ RULES = {
     "search.sft.known_min_seen": cc.COUNT_OR_OFF,  # 0: every step searched
     "search.eval.naive_k": cc.COUNT,
 }
+
+# Open-domain questions search a corpus, not the other datasets' paragraphs (the paper: e5 over
+# the September 2025 Wikipedia, prepared with FlashRAG; section 4 / appendix).
+CHECKS = (cc.NeedsCorpus(protocol="the September 2025 Wikipedia with e5 (FlashRAG)"),)

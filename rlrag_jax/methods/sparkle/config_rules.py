@@ -33,3 +33,9 @@ RULES = {
     "sparkle.eval.recall_steps": cc.COUNT,
     "sparkle.reader_sft.*_prob": cc.FRACTION,
 }
+
+# Open-domain questions (NQ, TriviaQA, Bamboogle in ':paper') search a corpus, not the other
+# datasets' paragraphs (appendix D.1: DPR's Wikipedia for them, the datasets' own corpora for
+# HotpotQA, 2Wiki and MuSiQue).
+CHECKS = (cc.NeedsCorpus(protocol="DPR's December 2018 Wikipedia (Karpukhin et al. 2020) for "
+                                  "NQ, TriviaQA and Bamboogle, with e5-large-v2"),)
