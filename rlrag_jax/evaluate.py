@@ -4,7 +4,9 @@
   python -m rlrag_jax.evaluate --config=configs/arena.py:paper --checkpoint=/path/to/hf_dir \\
       --config.eval.judge_url=http://localhost:8000/v1 --config.eval.judge_model=NAME
 
-`--checkpoint` is a training run directory or an HF checkpoint directory. The optional LLM judge
+`--checkpoint` is a training run directory or an HF checkpoint directory. After the shared table
+it prints the task's own summary of the result (`Task.eval_report`; e.g. Search-R1's EM per
+dataset with intervals beside the published row). The optional LLM judge
 (an OpenAI-compatible endpoint you run) is off unless `eval.judge_url` is set; it asks with the
 method's own prompt (`task.judge_prompt`, a `judge.JudgePrompt`; `Task`'s default is the neutral
 one).
@@ -46,9 +48,13 @@ def main(argv):
   keys = [k for k in result["all"] if k != "n"]
   rows = [{"split": k, **v} for k, v in result.items() if k == "all" or k.startswith(("hops=", "dataset="))]
   print(runlog.format_table(rows, ["split"] + keys + ["n"], title=f"{config.method} evaluation"))
+  extra = task.eval_report(result)
+  if extra:
+    print(extra)
   if _OUT.value:
     runlog.write_atomic(pathlib.Path(_OUT.value), json.dumps(
-        {k: v for k, v in result.items() if k != "rows"} | {"rows": result["rows"]}, indent=2))
+        {k: v for k, v in result.items() if k != "rows"} | {"rows": result["rows"]}
+        | ({"report": extra} if extra else {}), indent=2))
   return 0
 
 

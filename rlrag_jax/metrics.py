@@ -179,3 +179,19 @@ def seed_intervals(groups: Sequence[Sequence[float]], resamples: int = 2000, see
   return {"pooled": paired_bootstrap([d for g in gs for d in g], resamples, seed, level),
           "hierarchical": hier, "t": t, "claim": claim(hier, t), "per_seed": per_seed,
           "pairs": sum(len(g) for g in gs)}
+
+
+def stratified_bootstrap(groups: Sequence[Sequence[float]], resamples: int = 2000, seed: int = 0,
+                         level: float = 0.95) -> tuple:
+  """(mean, low, high) of the unweighted mean of the group means (e.g. the average EM over
+  datasets, each dataset weighing the same whatever its size): each resample draws every
+  group's values with replacement, within the group, and averages the group means. Empty
+  groups are left out; nan when none is left."""
+  gs = [np.asarray(g, np.float64) for g in groups if len(g)]
+  if not gs:
+    return float("nan"), float("nan"), float("nan")
+  rng = np.random.default_rng(seed)
+  means = np.zeros(resamples, np.float64)
+  for g in gs:
+    means += g[rng.integers(0, g.size, size=(resamples, g.size))].mean(axis=1)
+  return (float(np.mean([g.mean() for g in gs])),) + _percentiles(means / len(gs), level)

@@ -197,6 +197,13 @@ class Task(abc.ABC):
     '<name>/...'; none by default."""
     return []
 
+  def eval_report(self, result: dict) -> str:
+    """The method's own summary of an evaluation result (`evaluation.evaluate`'s dict: 'all',
+    per hop and dataset, and the per-example 'rows'), printed by `python -m rlrag_jax.evaluate`
+    after the shared table; '' (nothing) by default."""
+    del result
+    return ""
+
   def report(self, workdir, runlog, setup: EvalSetup) -> None:
     """Method-specific plots and tables after training, given the run log and how the final
     evaluation ran (`setup`); none by default."""

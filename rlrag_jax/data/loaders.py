@@ -350,7 +350,7 @@ def _or_flashrag(dataset: str, native: Callable) -> Callable[[dict, _Where], Exa
     if "golden_answers" not in rec:
       return native(rec, where)
     ex = flash(rec, where)
-    m = _HOPS.match(ex.id)
+    m = _HOPS.match(ex.id) if dataset == "musique" else None
     ex.hops = int(m.group(1)) if m else 2
     return ex
   return parse
