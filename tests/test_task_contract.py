@@ -61,6 +61,7 @@ def test_the_defaults_are_the_single_stream_behaviour():
   assert task.sft_loss_mask("a") is None
   assert task.state_dict() == {} and task.load_state_dict({}) is None
   assert task.monitors() == [] and task.report("/nowhere", None, None) is None
+  assert task.eval_report({"all": {}, "rows": []}) == ""
   assert list(task.validation) == [] and task.judge_prompt is judge.DEFAULT_PROMPT
   assert task.sft_samples is None
   groups = task.collect(None, ["a", "b"], None, group_size=2, want=2, step=1)
