@@ -54,7 +54,9 @@ def format_report(rows: list, datasets: list, missing: dict, published: str = ""
                   resamples: int = 2000, seed: int = 0) -> str:
   """The report as text. `rows`: per-question dicts with 'dataset' and 'em' (evaluation's
   rows); `datasets`: the evaluation's datasets in order; `missing`: {dataset: why} for those
-  whose file was not found (listed, not dropped); `published`: a key of PUBLISHED or ''."""
+  whose file was not found (listed in their place, not dropped); `published`: a key of
+  PUBLISHED or ''."""
+  datasets = list(datasets) + [d for d in missing if d not in datasets]
   by = {d: [float(r["em"]) for r in rows if r.get("dataset") == d] for d in datasets}
   pub = PUBLISHED.get(published) if published else None
   head = f"{'dataset':<10} {'n':>5}  {'EM':>5}  {'95% CI':<15}"
@@ -63,7 +65,7 @@ def format_report(rows: list, datasets: list, missing: dict, published: str = ""
   lines = ["Search-R1 protocol: exact match per dataset (95% bootstrap interval over questions)",
            head]
   present = []
-  for d in list(datasets) + [d for d in missing if d not in datasets]:
+  for d in datasets:
     if d in missing:
       lines.append(f"{d:<10} {'-':>5}  missing: {missing[d]}")
       continue
@@ -78,7 +80,7 @@ def format_report(rows: list, datasets: list, missing: dict, published: str = ""
     lines.append(line)
   avg, lo, hi = metrics.stratified_bootstrap([by[d] for d in present], resamples, seed)
   shown = len(present)
-  total = len(set(datasets) | set(missing))
+  total = len(datasets)
   line = (f"{'average':<10} {shown:>2}/{total:<2}  {avg:.3f}  [{lo:.3f}, {hi:.3f}]" if present
           else f"{'average':<10} {0:>2}/{total:<2}  no dataset evaluated")
   if pub is not None and present:

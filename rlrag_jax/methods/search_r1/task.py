@@ -212,7 +212,8 @@ def _canonical_name(spec: str) -> str:
 
 
 def _select(config, per_dataset: int) -> tuple:
-  """(Selection, evaluation dataset names in order, {dataset: why missing})."""
+  """(Selection, evaluation dataset names in data.eval_mix order, the missing ones included,
+  {dataset: why missing})."""
   data = config.data
   if data.source != "files":
     sel = sources.select(data, seed=config.seed)
@@ -232,6 +233,7 @@ def _select(config, per_dataset: int) -> tuple:
   ev, names, missing = [], [], {}
   for spec in data.eval_mix:
     name = _canonical_name(spec)
+    names.append(name)                # missing ones too: the report lists them in their place
     try:
       got = sources.load_entry(spec, data, config.seed, "data.eval_mix")
     except FileNotFoundError as e:
@@ -240,7 +242,6 @@ def _select(config, per_dataset: int) -> tuple:
     if 0 < per_dataset < len(got):
       got = random.Random(f"{config.seed}:{spec}:eval").sample(got, per_dataset)
     ev += got
-    names.append(name)
   if data.check_overlap:
     sources.check_disjoint(train, ev)
   return sources.Selection(train, ev, []), names, missing
