@@ -65,8 +65,9 @@ Differences from the paper ('paper', 'paper_grpo'), with the reason:
     neither searches nor answers, and lets it answer once more after its last search; here
     such a turn ends the episode (EM 0), and a fifth search ends it at 'max_turns'.
   - The prompt: the released template (rlrag_jax/methods/search_r1/prompts.py), reproduced
-    from memory; instruct models get it through their chat template, as the released data
-    scripts do when the tokenizer has one (model.chat_template).
+    from memory. It goes through the tokenizer's chat template when it has one (Qwen2.5's base
+    and instruct tokenizers both do; model.chat_template=False sends plain text), as we
+    remember the released data pipeline doing; not checked.
 
 Method-specific sections (the trainer reads the others):
   tool       top_k passages per search, max_turns (searches per episode), max_obs_tokens (per

@@ -69,10 +69,10 @@ def format_report(rows: list, datasets: list, missing: dict, published: str = ""
     if d in missing:
       lines.append(f"{d:<10} {'-':>5}  missing: {missing[d]}")
       continue
-    em, lo, hi = metrics.paired_bootstrap(by[d], resamples, seed)
     if not by[d]:
       lines.append(f"{d:<10} {0:>5}  no questions evaluated")
       continue
+    em, lo, hi = metrics.paired_bootstrap(by[d], resamples, seed)
     present.append(d)
     line = f"{d:<10} {len(by[d]):>5}  {em:.3f}  [{lo:.3f}, {hi:.3f}]"
     if pub is not None:
