@@ -148,3 +148,15 @@ def test_seed_intervals_by_hand():
   assert iv["hierarchical"][0] == pytest.approx(np.mean([0.25, 0.5, 2 / 3]))
   assert iv["t"] == pytest.approx(metrics.t_interval([0.25, 0.5, 2 / 3]))
   assert iv["claim"] == metrics.claim(iv["hierarchical"], iv["t"])
+
+
+def test_stratified_bootstrap_averages_groups_equally():
+  """One group: the plain bootstrap of its values (the same draws). Several: the mean of the
+  group means (not of the pooled values), and a group without spread adds none."""
+  from rlrag_jax import metrics
+  v = [0.0, 1.0, 1.0, 0.0, 1.0]
+  assert metrics.stratified_bootstrap([v], 500, seed=3) == metrics.paired_bootstrap(v, 500, seed=3)
+  mean, lo, hi = metrics.stratified_bootstrap([[1.0] * 10, [0.0, 0.0]], 200)
+  assert (mean, lo, hi) == (0.5, 0.5, 0.5)
+  mean, lo, hi = metrics.stratified_bootstrap([[1.0] * 30, [0.0, 1.0] * 5, []], 2000)
+  assert mean == 0.75 and lo < 0.75 < hi and lo >= 0.5 and hi <= 1.0
