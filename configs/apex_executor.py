@@ -89,9 +89,7 @@ def base_config() -> ml_collections.ConfigDict:
       max_passage_words=80,         # passages shown cut to this many words (0: whole)
       trajectories=""))             # JSONL from `python -m rlrag_jax.methods.apex.self_instruct`
                                     # ('' = oracle trajectories from the gold decompositions)
-  c.retrieval = ml_collections.ConfigDict(dict(
-      backend="exact", corpus="", encoder_path="", cache_dir="",
-      scann_brute_force_below=16384))   # scann: exact brute force for smaller corpora
+  c.retrieval = config_base.retrieval_config()
   c.data.mix = ("hotpotqa:train", "2wiki:train", "musique:train")
   c.data.eval_mix = ("hotpotqa:dev", "2wiki:dev", "musique:dev", "bamboogle:test")
   c.stages = ("sft",)

@@ -166,9 +166,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.tool = ml_collections.ConfigDict(dict(
       top_k=5, max_turns=5, max_obs_tokens=600, max_total_len=4096, min_batch=8,
       context_bucket=128, max_prompt_len=0, kv_reuse=True))
-  c.retrieval = ml_collections.ConfigDict(dict(
-      backend="exact", corpus="", encoder_path="", cache_dir="",
-      scann_brute_force_below=16384))   # scann: exact brute force for smaller corpora
+  c.retrieval = config_base.retrieval_config()
 
   c.eval.max_new_tokens = 48
   return c

@@ -212,9 +212,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.models.reader = ml_collections.ConfigDict(dict(
       path="runs/sparkle_reader", train_config="configs/sparkle_reader.py",
       step=-1))                           # the reader run's checkpoint (-1: latest)
-  c.retrieval = ml_collections.ConfigDict(dict(
-      backend="exact", corpus="", encoder_path="", cache_dir="",
-      scann_brute_force_below=16384))   # scann: exact brute force for smaller corpora
+  c.retrieval = config_base.retrieval_config()
   # PPO with a value model; values from the authors' released training script.
   c.rl.algo = "ppo"
   c.rl.group_size = 1

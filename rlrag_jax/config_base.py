@@ -206,6 +206,32 @@ def trainer_config(method: str, workdir: str) -> ml_collections.ConfigDict:
   return c
 
 
+def retrieval_config(**overrides) -> ml_collections.ConfigDict:
+  """The `retrieval` section of every method that retrieves (rlrag_jax.retrieval.from_config).
+
+    backend               'exact' | 'scann'
+    corpus                '' = the data selection's own corpus (the embedded world), else the
+                          deduplicated contexts of its examples; or a name in loaders.CORPORA /
+                          a corpus file (FlashRAG JSONL, {title, text} JSONL, DPR TSV)
+    index                 '' or a prebuilt index folder (`python -m rlrag_jax.retrieval.build`):
+                          its passages are the corpus and its vectors are searched; refused when
+                          its encoder or conventions differ from the ones below
+    encoder_path          '' = the packaged MiniLM; else a BERT-family HF folder (E5, BGE, ...)
+    pooling               '' = the encoder folder's (sentence-transformers files, E5/BGE name);
+                          'mean' | 'cls'
+    query_prefix, passage_prefix   'auto' = the encoder's ('query: ' / 'passage: ' for E5);
+                          any other string is used as is ('' = none)
+    cache_dir             where indexes built on first use are kept ('' = <workdir>/retriever)
+    scann_brute_force_below  corpora smaller than this get ScaNN's float brute force (exact)
+  """
+  c = ml_collections.ConfigDict(dict(
+      backend="exact", corpus="", index="", encoder_path="", pooling="", query_prefix="auto",
+      passage_prefix="auto", cache_dir="",
+      scann_brute_force_below=16384))   # scann: exact brute force for smaller corpora
+  c.update(overrides)
+  return c
+
+
 def section(cls, cfg, where: str):
   """The frozen dataclass `cls` built from config section `cfg` (a ConfigDict or dict) at the
   dotted key `where` ('r2ag', 'sparkle.eval'): the one way a method or the trainer parses its
@@ -258,6 +284,10 @@ ADDED_LATER = {
     "sft.epochs": 0.0,           # sft.steps counted the SFT warm-up
     "model.scan_layers": False,  # the blocks ran unrolled
     "retrieval.scann_brute_force_below": 16384,   # ScaNN's default then (index.BRUTE_FORCE_BELOW)
+    "retrieval.index": "",              # no prebuilt index: the corpus was indexed in the run
+    "retrieval.pooling": "",            # the encoder folder's own conventions
+    "retrieval.query_prefix": "auto",
+    "retrieval.passage_prefix": "auto",
 }
 
 

@@ -297,6 +297,7 @@ def shared_rules() -> dict:
       # retrieval (rlrag_jax.retrieval.from_config; the methods that retrieve)
       "retrieval.backend": OneOf(tuple(index.BACKENDS)),
       "retrieval.scann_brute_force_below": NON_NEGATIVE,   # 0: always partitioned
+      "retrieval.pooling": OneOf(("", "mean", "cls")),     # '': the encoder folder's
       # the LLM judge wherever a section names one (eval.*, reward.*; rlrag_jax.judge)
       "*.judge_concurrency": COUNT,
       "*.judge_failure_window": COUNT,

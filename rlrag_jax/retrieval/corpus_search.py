@@ -9,6 +9,26 @@ from rlrag_jax.retrieval import from_config
 from rlrag_jax.retrieval.query_cache import QueryEmbeddings
 
 
+class _StoreById:
+  """`by_id` over a PassageStore: `id in`, `[id]` and `get` without a dict of every passage."""
+
+  def __init__(self, store):
+    self.store = store
+
+  def __contains__(self, rid) -> bool:
+    return self.store.row_of(str(rid)) is not None
+
+  def __getitem__(self, rid):
+    row = self.store.row_of(str(rid))
+    if row is None:
+      raise KeyError(rid)
+    return self.store[row]
+
+  def get(self, rid, default=None):
+    row = self.store.row_of(str(rid))
+    return default if row is None else self.store[row]
+
+
 class CorpusSearch:
 
   def __init__(self, config, selection, encoder=None):
@@ -16,12 +36,17 @@ class CorpusSearch:
     self.encoder, self.retriever, self.index_dir = from_config.retriever_for(
         config, self.records, encoder)
     self.embed = QueryEmbeddings(self.encoder)
-    self.by_id = {r.id: r for r in self.records}
-    self._by_text = {(r.title, r.text): r.id for r in self.records}
+    if isinstance(self.records, list):
+      self.by_id = {r.id: r for r in self.records}
+      self._by_text = {(r.title, r.text): r.id for r in self.records}
+    else:      # a prebuilt index's store (any size): ids are looked up, texts are not matched
+      self.by_id = _StoreById(self.records)
+      self._by_text = {}
 
   def ids(self, ex, ids) -> tuple:
     """Corpus ids of an example's context ids (the world's are corpus ids already; a real
-    dataset's are matched by title and text); unmatched ids are left out."""
+    dataset's are matched by title and text, except over a prebuilt index, where only ids
+    match); unmatched ids are left out."""
     out = []
     for i in ids:
       i = str(i)

@@ -36,6 +36,9 @@ class HashEncoder:
     n = np.linalg.norm(v)
     return v / n if n else v
 
+  # queries and passages without prefixes, as the packaged MiniLM
+  encode_queries = encode_passages = property(lambda self: self.encode)
+
   def encode(self, texts, batch_size=64):
     del batch_size
     return np.asarray([self.vector(t) for t in texts], np.float32).reshape(-1, self.dim)

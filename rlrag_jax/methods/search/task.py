@@ -193,9 +193,7 @@ class SearchTask(Task):
       for q, h in zip(todo, self.retrieve(todo, k)):
         known[q] = [x.id for x in h]
       cache.write_text(json.dumps(known))
-    rec = self.retriever.records
-    row = {r.id: r for r in rec}
-    hits = {q: [row[i] for i in known[q]] for q in wanted}
+    hits = {q: [self.retriever.record_of(i) for i in known[q]] for q in wanted}
     for e in examples:
       self._gold[e.id] = prompts.gold_pieces(e, lambda q: prompts.format_observation(hits[q]),
                                              self.known_steps(e))
