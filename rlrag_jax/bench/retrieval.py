@@ -2,6 +2,8 @@
 
   python -m rlrag_jax.bench.retrieval                       # 100k and 1M vectors, 1000 passages
   python -m rlrag_jax.bench.retrieval --sizes 20000 --queries 200 --encoder-texts 128   # quick
+  python -m rlrag_jax.bench.retrieval --scale     # the index build CLI at 1M x 768: see
+                                                  # retrieval_scale.py (memory, ScaNN vs HNSW)
 
 ANN: random unit vectors (d=384), inner product, Recall@k against exact search. Each method's
 search-time knob is raised until Recall@k >= --target-recall, then bisected back to the smallest
@@ -21,6 +23,7 @@ import argparse
 import json
 import math
 import os
+import sys
 import time
 
 import numpy as np
@@ -243,6 +246,10 @@ def bench_encoder(args, table: Table):
 
 
 def main(argv=None):
+  argv = sys.argv[1:] if argv is None else list(argv)
+  if "--scale" in argv:       # the index build at scale: its own flags (retrieval_scale.py)
+    from rlrag_jax.bench import retrieval_scale  # pylint: disable=g-import-not-at-top
+    return retrieval_scale.main(argv)
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--sizes", default="100000,1000000", help="comma-separated database sizes")
   p.add_argument("--dim", type=int, default=384)
