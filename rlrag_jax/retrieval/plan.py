@@ -4,9 +4,9 @@ For a corpus and an encoder: passages, embedding bytes, disk, the peak private (
 of the build and of a process that loads the index to search, the index parameters, and an
 encode-time estimate from a short timed sample of the corpus's first passages.
 
-The memory figures are a model fitted to measured builds (`python -m rlrag_jax.bench.retrieval
---scale`, committed in docs/results/retrieval_scale/): private bytes = a x (float16 embedding
-bytes) + b, per phase, with the a and b below. The text never counts: the store is memory-mapped.
+The memory figures are a model of measured builds (`python -m rlrag_jax.bench.retrieval --scale`,
+committed in docs/results/retrieval_scale/), per phase, below. The text never counts: the store is
+memory-mapped.
 """
 from __future__ import annotations
 
@@ -16,14 +16,22 @@ import time
 
 import numpy as np
 
-# Private memory per phase: (a, b) -> a * float16 embedding bytes + b bytes. Measured at 1M x 768
-# (clustered float16 vectors) and 200k x 768 on this repo's CPU host (docs/results/retrieval_scale).
+# Private memory per phase, bytes, as a function of N and d. Measured on this repo's CPU host
+# (docs/results/retrieval_scale): ScaNN's build holds ~4.6x the float16 bytes of the rows it
+# indexes (build.SCANN_BUILD_FACTOR) plus ~0.9 GiB of training samples and runtime, one slice at a
+# time; a search process holds the bfloat16 reorder copy (1x) and the 4-bit codes (0.25x): 1.14x
+# measured at 1M x 768; encoding holds one shard, the encoder and XLA's runtime (~1 GiB).
+def _scann_build(n: int, d: int) -> float:
+  from rlrag_jax.retrieval import build  # pylint: disable=g-import-not-at-top
+  return build.SCANN_BUILD_FACTOR * n * d * 2 / build.scann_slices(n, d) + 0.9 * 2**30
+
+
 MEMORY_MODEL = {
-    "encode": (0.0, 1.0 * 2**30),          # one shard of float32 vectors, the encoder, XLA
-    "scann_build": (None, None),           # filled below from the measured fit
-    "scann_search": (None, None),
-    "exact_build": (0.0, 0.5 * 2**30),     # nothing but the float16 memory map
-    "exact_search": (1.0, 0.5 * 2**30),    # the float16 matrix on the device (CPU: host memory)
+    "encode": lambda n, d: 1.0 * 2**30,
+    "scann_build": _scann_build,
+    "scann_search": lambda n, d: 1.14 * n * d * 2 + 0.15 * 2**30,
+    "exact_build": lambda n, d: 0.5 * 2**30,
+    "exact_search": lambda n, d: 1.0 * n * d * 2 + 0.5 * 2**30,
 }
 WIKI18 = {"passages": 21_015_324, "dim": 768, "encoder": "intfloat/e5-base-v2",
           "jsonl_bytes": 14_000_000_000}
@@ -45,8 +53,7 @@ def encoder_dim(encoder_path: str) -> int:
 
 
 def memory(phase: str, n: int, d: int) -> float:
-  a, b = MEMORY_MODEL[phase]
-  return a * n * d * 2 + b
+  return MEMORY_MODEL[phase](n, d)
 
 
 def figures(n: int, d: int, source_bytes: int, backend: str, shard_size: int) -> dict:

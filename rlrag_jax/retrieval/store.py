@@ -114,6 +114,14 @@ def _write(rows, folder, src, source, report, progress) -> "PassageStore":
   if partial.exists():
     shutil.rmtree(partial)
   partial.mkdir(parents=True)
+  try:
+    return _write_into(partial, rows, folder, src, source, report, progress)
+  finally:                       # an error (a malformed row, say) leaves no partial store
+    if partial.exists():
+      shutil.rmtree(partial)
+
+
+def _write_into(partial, rows, folder, src, source, report, progress) -> "PassageStore":
   offsets, hashes, lines = _Growing(np.int64), _Growing(np.uint64), _Growing(np.int64)
   offsets.append(0)
   ids_are_rows = True
@@ -141,7 +149,6 @@ def _write(rows, folder, src, source, report, progress) -> "PassageStore":
     bar.close()
   n = offsets.n - 1
   if n == 0:
-    shutil.rmtree(partial)
     raise StoreError(f"{src}: no passages ({report.num_skipped} malformed rows skipped)")
   np.save(partial / OFFSETS, offsets.array())
   if not ids_are_rows:
@@ -182,9 +189,8 @@ def _check_unique(src, partial, sorted_h, order, lines) -> None:
       f.seek(int(offsets[row]))
       return json.loads(f.readline())["id"]
     for i in same:
-      a, b = sorted(int(order[i]), int(order[i + 1]))
+      a, b = sorted((int(order[i]), int(order[i + 1])))
       if rid(a) == rid(b):
-        shutil.rmtree(partial)
         raise loaders.DataError(src, int(lines[b]), "id",
                                 f"id {rid(a)!r} appears twice, on lines {lines[a]} and {lines[b]}; "
                                 "ids must be unique")

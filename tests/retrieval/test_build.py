@@ -95,9 +95,9 @@ def test_a_malformed_row_is_named_and_skipped_only_when_asked(tmp_path, world):
   bad = tmp_path / "bad.jsonl"
   bad.write_text('{"id": "a", "contents": "\\"T\\"\\nok"}\n{"id": "b", "content": "typo"}\n'
                  '{"id": "c", "contents": "\\"T\\"\\nok too"}\n')
-  with pytest.raises(loaders.DataError, match=r"bad\.jsonl:2: field 'text'"):
+  with pytest.raises(loaders.DataError, match=r"bad\.jsonl:2: field 'title': missing"):
     store_lib.write_store(bad, tmp_path / "s", progress=False)
-  assert not (tmp_path / "s").exists()
+  assert not (tmp_path / "s").exists() and not (tmp_path / "s.partial").exists()
   store = store_lib.write_store(bad, tmp_path / "s", skip_invalid=True, progress=False)
   assert [r.id for r in store] == ["a", "c"] and store.manifest["skipped"] == 1
   dup = tmp_path / "dup.jsonl"
