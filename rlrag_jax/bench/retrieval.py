@@ -28,6 +28,7 @@ import time
 
 import numpy as np
 
+from rlrag_jax.bench import HELP_SMOKE
 from rlrag_jax.data.paths import data_dir
 
 
@@ -266,7 +267,12 @@ def main(argv=None):
   p.add_argument("--batch-size", type=int, default=64)
   p.add_argument("--skip-ann", action="store_true")
   p.add_argument("--skip-encoder", action="store_true")
+  p.add_argument("--smoke", action="store_true", help=HELP_SMOKE)
   args = p.parse_args(argv)
+  if args.smoke:
+    p.set_defaults(sizes="2000", dim=32, queries=32, reps=1, encoder_texts=8, batch_size=8,
+                   threads=1)
+    args = p.parse_args(argv)
   os.environ.setdefault("HF_HUB_OFFLINE", "1")
   os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
   if args.threads:
