@@ -91,7 +91,8 @@ def base_config() -> ml_collections.ConfigDict:
                                     # ('' = oracle trajectories from the gold decompositions)
   c.retrieval = ml_collections.ConfigDict(dict(
       backend="exact", corpus="", encoder_path="", cache_dir="",
-      scann_brute_force_below=16384))   # scann: exact brute force for smaller corpora
+      scann_brute_force_below=16384,    # scann: exact brute force for smaller corpora
+      **config_base.RETRIEVAL_SERVICE))   # url: a retrieval server instead (README)
   c.data.mix = ("hotpotqa:train", "2wiki:train", "musique:train")
   c.data.eval_mix = ("hotpotqa:dev", "2wiki:dev", "musique:dev", "bamboogle:test")
   c.stages = ("sft",)

@@ -26,7 +26,8 @@ def get_config(arg: str = ""):
                                           generator_distractors=4))
   c.retrieval = ml_collections.ConfigDict(dict(
       backend="exact", corpus="", encoder_path="", cache_dir="",
-      scann_brute_force_below=16384))   # scann: exact brute force for smaller corpora
+      scann_brute_force_below=16384,    # scann: exact brute force for smaller corpora
+      **config_base.RETRIEVAL_SERVICE))   # url: a retrieval server instead (README)
   c.stages = ("sft",)
   c.rl.steps = 0
   if arg == "paper":

@@ -214,7 +214,8 @@ def base_config() -> ml_collections.ConfigDict:
       step=-1))                           # the reader run's checkpoint (-1: latest)
   c.retrieval = ml_collections.ConfigDict(dict(
       backend="exact", corpus="", encoder_path="", cache_dir="",
-      scann_brute_force_below=16384))   # scann: exact brute force for smaller corpora
+      scann_brute_force_below=16384,    # scann: exact brute force for smaller corpora
+      **config_base.RETRIEVAL_SERVICE))   # url: a retrieval server instead (README)
   # PPO with a value model; values from the authors' released training script.
   c.rl.algo = "ppo"
   c.rl.group_size = 1

@@ -249,6 +249,18 @@ def section(cls, cfg, where: str):
   return cls(**values)
 
 
+# Retrieval as a service: the keys every `retrieval` section takes beside its own (backend,
+# corpus, ...). `url` '' searches in process; a url ('http://127.0.0.1:8000') sends the passage
+# searches to a server of Search-R1's protocol (`python -m rlrag_jax.retrieval.serve`, or
+# Search-R1's own) through `rlrag_jax.retrieval.client.RemoteRetriever`: each request bounded
+# by url_timeout_s seconds and retried url_retries times (transport errors, 5xx, 429; the pause
+# doubling from 0.5 s); a search that still fails gives its queries no passages and is counted,
+# and the run stops once more than url_max_failure_rate of the last url_failure_window
+# searches failed.
+RETRIEVAL_SERVICE = dict(url="", url_timeout_s=30.0, url_retries=3, url_max_failure_rate=0.1,
+                         url_failure_window=100)
+
+
 # A run's saved config.json (read back by `methods/apex/pipeline.py`, the one reader of saved
 # configs) lacks the keys added after the run started: each with the value that reproduces what
 # such a run did. A method's own keys are in its `settings.ADDED_LATER`; `fill_added_later`
@@ -258,6 +270,7 @@ ADDED_LATER = {
     "sft.epochs": 0.0,           # sft.steps counted the SFT warm-up
     "model.scan_layers": False,  # the blocks ran unrolled
     "retrieval.scann_brute_force_below": 16384,   # ScaNN's default then (index.BRUTE_FORCE_BELOW)
+    **{f"retrieval.{k}": v for k, v in RETRIEVAL_SERVICE.items()},   # searched in process
 }
 
 

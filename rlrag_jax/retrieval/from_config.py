@@ -9,6 +9,10 @@
                        + reorder on a small corpus (the index logs which of the two runs)
   retrieval.encoder_path  '' = the packaged MiniLM
   retrieval.cache_dir  where built indexes are kept ('' = <workdir>/retriever)
+  retrieval.url        '' = search in process; else a retrieval server (Search-R1's protocol):
+                       `retriever_for` returns a `client.RemoteRetriever` and builds no index
+                       (url_timeout_s, url_retries, url_max_failure_rate, url_failure_window:
+                       its client settings)
 
 Shared by every method that retrieves (the search agent, APEX's executor); knows no method.
 """
@@ -48,11 +52,15 @@ def corpus_for(config, selection) -> list:
 
 def retriever_for(config, corpus, encoder=None):
   """(encoder, Retriever, index folder), the index cached under `retrieval.cache_dir` (default
-  <workdir>/retriever) by a fingerprint of the corpus, the encoder and the index settings."""
+  <workdir>/retriever) by a fingerprint of the corpus, the encoder and the index settings.
+  With `retrieval.url` set: (encoder, RemoteRetriever, a local cache folder), no index built;
+  the encoder is still loaded for what a method embeds itself."""
   from rlrag_jax.retrieval import Encoder, Retriever
   rc = config.retrieval
   if encoder is None:
     encoder = Encoder.from_pretrained(rc.encoder_path or None)
+  if rc.get("url", ""):        # retrieval as a service: see remote_retriever below
+    return encoder, *remote_retriever(config)
   index_params = {}
   if rc.backend == "scann":
     index_params["brute_force_below"] = int(rc.scann_brute_force_below)
@@ -75,3 +83,24 @@ def retriever_for(config, corpus, encoder=None):
                                                     "n": len(corpus),
                                                     "index_mode": retriever.index.mode}))
   return encoder, retriever, folder
+
+
+# ---------------------------------------------------------------- retrieval as a service
+def remote_retriever(config) -> tuple:
+  """(RemoteRetriever of `retrieval.url`, a folder for the run's local caches keyed by the url:
+  <cache_dir>/remote-<hash>). What the server says of itself (/health, where it has one) is
+  logged once."""
+  from rlrag_jax.retrieval import client
+  rc = config.retrieval
+  remote = client.from_config(rc)
+  cache = pathlib.Path(rc.cache_dir or pathlib.Path(config.workdir) / "retriever").expanduser()
+  folder = cache / f"remote-{hashlib.sha1(rc.url.encode()).hexdigest()[:16]}"
+  folder.mkdir(parents=True, exist_ok=True)
+  health = remote.health()
+  if health is None:
+    log.info("%s: passages from %s (no /health: a server of the protocol other than ours, or "
+             "not up yet)", config.method, rc.url)
+  else:
+    log.info("%s: passages from %s: %s passages, %s backend, encoder %s", config.method, rc.url,
+             health.get("n"), health.get("backend"), health.get("encoder"))
+  return remote, folder
