@@ -28,7 +28,7 @@ class CorpusSearch:
     self.embed = QueryEmbeddings(self.encoder)
     self.by_id = {r.id: r for r in self.records}
     self._by_text = {(r.title, r.text): r.id for r in self.records}
-    self.remote = bool(config.retrieval.get("url", ""))    # retrieval as a service
+    self.remote = bool(config.retrieval.url)    # retrieval as a service
     self._mismatch_warned = False
 
   def ids(self, ex, ids) -> tuple:

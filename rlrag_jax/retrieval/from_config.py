@@ -59,7 +59,7 @@ def retriever_for(config, corpus, encoder=None):
   rc = config.retrieval
   if encoder is None:
     encoder = Encoder.from_pretrained(rc.encoder_path or None)
-  if rc.get("url", ""):        # retrieval as a service: see remote_retriever below
+  if rc.url:                   # retrieval as a service: see remote_retriever below
     return encoder, *remote_retriever(config)
   index_params = {}
   if rc.backend == "scann":

@@ -188,7 +188,7 @@ class ExecutorTask(Task):
     self.corpus = from_config.corpus_for(config, sel)
     self.encoder, self.retriever, _ = from_config.retriever_for(config, self.corpus, encoder)
     self._embed = QueryEmbeddings(self.encoder)
-    self.remote = bool(config.retrieval.get("url", ""))    # retrieval as a service
+    self.remote = bool(config.retrieval.url)    # retrieval as a service
     self._traces = self._calls = None
     self.kept = self.dropped = 0
     from rlrag_jax.data.tokenizer import tokenizer_for

@@ -113,7 +113,7 @@ class SearchTask(Task):
     self.encoder, self.retriever, self._index_dir = from_config.retriever_for(
         config, self.corpus, encoder)
     self._embed = QueryEmbeddings(self.encoder)
-    self.remote = bool(config.retrieval.get("url", ""))    # retrieval as a service
+    self.remote = bool(config.retrieval.url)    # retrieval as a service
     if self.train:
       n_known = sum(len(v) for v in self._known.values())
       n_steps = sum(len(prompts._searched_steps(e)) for e in self.train)  # pylint: disable=protected-access
