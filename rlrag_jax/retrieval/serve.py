@@ -294,16 +294,20 @@ def create_app(index, *, max_batch: int = 64, max_wait_ms: float = 5.0, max_topk
   return app
 
 
-def warm_up(index, max_batch: int, k: int) -> None:
-  """Compiles the encoder and index for the batch shapes the worker will meet (powers of two up
-  to `max_batch` rows, short queries, depth `k`), so that the first requests do not wait for
-  XLA; other query lengths and depths compile when first met."""
-  rows = 1
-  while True:
-    index.search(["warm up"] * rows, k)
-    if rows >= max_batch:
-      break
-    rows = min(2 * rows, max_batch)
+def warm_up(index, max_batch: int, k: int, max_tokens: int = 64) -> None:
+  """Compiles the encoder and index for the shapes the worker will meet with short queries:
+  rows 1, 2, 4, ... up to `max_batch` (the encoder pads a batch's rows to a power of two) for
+  each of the encoder's length buckets up to `max_tokens`, at depth `k`; so that the first
+  requests do not wait for XLA. Longer queries and other depths compile when first met."""
+  buckets = [b for b in index.retriever.encoder.length_buckets if b <= max_tokens] or [16]
+  for b in buckets:
+    text = " ".join(["warm"] * max(1, b - 2))     # b tokens with [CLS] and [SEP]
+    rows = 1
+    while True:
+      index.search([text] * rows, k)
+      if rows >= max_batch:
+        break
+      rows = min(2 * rows, max_batch)
 
 
 def main(argv=None) -> None:
