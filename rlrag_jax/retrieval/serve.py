@@ -215,8 +215,10 @@ class Batcher:
       k = max(k for _, k, _ in items)
       try:
         hits = await loop.run_in_executor(None, self.index.search, queries, k)
-      except Exception as e:  # pylint: disable=broad-except   (each waiting request gets it)
-        log.exception("search of %d queries failed", len(queries))
+        if len(hits) != len(queries):
+          raise RuntimeError(f"the index answered {len(hits)} rows for {len(queries)} queries")
+      except Exception as e:  # pylint: disable=broad-except   (each waiting request gets it;
+        log.exception("search of %d queries failed", len(queries))   # the worker serves on)
         for _, _, fut in items:
           if not fut.done():
             fut.set_exception(e)
