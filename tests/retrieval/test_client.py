@@ -43,6 +43,8 @@ def _stand_in(state):
     rows = []
     for q in body["queries"]:
       docs = [_doc(q, j) for j in range(body["topk"])]
+      if state["mode"] == "echo":       # the query names the id; the passage is another one
+        docs = [{"id": q, "contents": '"Elsewhere"\nanother corpus'}]
       if state["mode"] == "scores":
         docs = [{"document": d, "score": 1.0 - j / 10} for j, d in enumerate(docs)]
       rows.append(docs)
@@ -183,3 +185,19 @@ def test_corpus_search_through_our_server_returns_the_in_process_ids(tmp_path, m
   assert got == want
   assert remote.pairs(got[0]) == local.pairs(want[0])
   assert remote.retriever.monitor.failures == 0
+
+
+def test_corpus_search_reads_passages_it_lacks_and_warns_once_of_another_corpus(
+    tmp_path, minilm, stand_in, caplog):
+  from rlrag_jax.retrieval.corpus_search import CorpusSearch
+  url, state = stand_in
+  _reset(state, mode="scores")
+  env = CorpusSearch(_config(tmp_path, url), _Selection(), minilm)
+  assert env.search(["zeta"], 1) == [["zeta#0"]]          # an id the local corpus lacks
+  assert env.pairs(["zeta#0"]) == [('Title "zeta" 0', "first line 0\nsecond line")]
+  _reset(state, mode="echo")
+  with caplog.at_level("WARNING", logger="rlrag_jax.retrieval"):
+    assert env.search(["doc3", "doc4"], 1) == [["doc3"], ["doc4"]]
+  said = [r.getMessage() for r in caplog.records if "retrieval.url" in r.getMessage()]
+  assert len(said) == 1 and "'doc3'" in said[0] and "Elsewhere" in said[0]
+  env.retriever.close()

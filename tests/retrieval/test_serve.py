@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from serve_helpers import serving, small_corpus
-from rlrag_jax.retrieval import Retriever
+from rlrag_jax.retrieval import Hit, Retriever
 from rlrag_jax.retrieval import serve
 
 MAX_TOPK, MAX_QUERIES = 10, 8
@@ -156,3 +156,25 @@ def test_parse_request_reads_what_search_r1_sends_and_fills_defaults():
                              limits) == (["a"], 3, True)
   assert serve.parse_request(b'{"queries": ["a"], "topk": 5, "return_scores": false}',
                              limits) == (["a"], 5, False)
+
+
+class _BrokenIndex:
+  """Fails any search holding the query 'boom'; else one made-up hit a query."""
+  manifest = {"n": 1, "encoder": "none", "backend": "test"}
+
+  def search(self, queries, k):
+    del k
+    if "boom" in queries:
+      raise RuntimeError("the index broke")
+    return [[Hit(id=q, score=0.5, title="T", text="x")] for q in queries]
+
+
+def test_a_failing_search_answers_500_in_the_same_shape_and_the_server_serves_on():
+  with serving(serve.create_app(_BrokenIndex(), max_batch=1)) as u:
+    r = _post(u, {"queries": ["boom"]})
+    assert r.status_code == 500
+    assert r.json() == {"error": "search failed: RuntimeError: the index broke", "field": None}
+    r = _post(u, {"queries": ["fine"], "return_scores": True})
+    assert r.status_code == 200
+    assert r.json() == {"result": [[{"document": {"id": "fine", "contents": '"T"\nx'},
+                                     "score": 0.5}]]}
