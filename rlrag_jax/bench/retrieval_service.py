@@ -195,8 +195,8 @@ def measure(index: pathlib.Path, qs: list, args, logs: pathlib.Path) -> tuple:
   finally:
     for srv in servers.values():
       srv.stop()
-  served = {m: {k: after[m].get(k, 0) - before[m].get(k, 0) for k in ("batches", "queries")}
-            for m in MODES}
+  served = {m: {k: after[m].get(k, 0) - before[m].get(k, 0)
+                for k in ("batches", "queries", "search_s")} for m in MODES}
   return {m: summarize(raw[m]) for m in MODES}, raw, health, served
 
 

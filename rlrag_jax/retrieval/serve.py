@@ -3,6 +3,7 @@ concurrent requests.
 
   python -m rlrag_jax.retrieval.serve --index DIR [--host 127.0.0.1] [--port 8000]
       [--max-batch 64] [--max-wait-ms 5] [--max-topk 100] [--max-queries 512] [--encoder PATH]
+      [--encode-rows 8] [--topk 3] [--no-warm-up]
 
 `POST /retrieve` takes `{"queries": [str, ...], "topk": int, "return_scores": bool}` (topk
 optional, default `--topk` = 3 as Search-R1's server; return_scores optional, default false) and
@@ -20,7 +21,10 @@ Dynamic batching: each request's queries join one queue; a single worker takes t
 request waiting, then more, until `--max-batch` queries are gathered or `--max-wait-ms` passed
 since it took the first, and serves them all with ONE encoder call and ONE index search (at the
 largest topk asked; each request gets its own topk's prefix), run in a thread so that the event
-loop keeps accepting requests. A request is never split: one of more than `--max-batch` queries
+loop keeps accepting requests. The encoder call sorts the queries by length and runs forward
+passes of at most `--encode-rows` (8) of them, each padded to its own length: one pass over the
+whole batch would pad every query to the longest one, which costs more on a CPU than the
+larger pass saves. A request is never split: one of more than `--max-batch` queries
 is served alone. `--max-batch 1` serves each request alone (batching off); `--max-wait-ms 0`
 waits for nobody, but still serves together the requests that are already queued.
 
@@ -54,29 +58,42 @@ REQUEST_FIELDS = ("queries", "topk", "return_scores")
 
 
 # ------------------------------------------------------------------ the index
+# Rows of one encoder forward pass. The encoder sorts a batch's queries by length and pads each
+# pass to its own length bucket and to a power of two rows; one pass over a whole batch would
+# pad every query to the longest one's bucket. On 2 CPU cores, 24 2Wiki questions encode in
+# 127 ms in passes of 8, 144 ms of 16, 200 ms in one pass of 64 rows and 230 ms one at a time
+# (docs/results/retrieval_service).
+ENCODE_ROWS = 8
+
+
 class LoadedIndex:
-  """`search(queries, k) -> list[list[Hit]]` over a saved index, and its `manifest` (at least
+  """`search(queries, k) -> list[list[Hit]]` over a saved index (one encoder call, in forward
+  passes of at most `encode_rows` queries, and one index search), and its `manifest` (at least
   `n`, `encoder`, `backend`)."""
 
-  def __init__(self, retriever, manifest: dict):
+  def __init__(self, retriever, manifest: dict, encode_rows: int = ENCODE_ROWS):
     self.retriever = retriever
     self.manifest = manifest
+    self.encode_rows = int(encode_rows)
 
   def search(self, queries: Sequence[str], k: int) -> list:
-    return self.retriever.search(list(queries), k)
+    return self.retriever.search(list(queries), k, batch_size=self.encode_rows)
 
 
-def open_index(folder, encoder_path: Optional[str] = None) -> LoadedIndex:
+def open_index(folder, encoder_path: Optional[str] = None, *,
+               encode_rows: int = ENCODE_ROWS) -> LoadedIndex:
   """The index in `folder` (a `Retriever.save` folder) with its query encoder: `encoder_path`,
   or None for the packaged MiniLM. The encoder must be the one the index was built with
   (`Retriever.load` refuses another)."""
   from rlrag_jax.retrieval import Encoder, Retriever
   from rlrag_jax.retrieval.retriever import MANIFEST
+  if encode_rows < 1:
+    raise ValueError(f"--encode-rows is {encode_rows}; expected >= 1")
   folder = pathlib.Path(folder)
   retriever = Retriever.load(folder, Encoder.from_pretrained(encoder_path))
   manifest = json.loads((folder / MANIFEST).read_text())
   manifest.update(n=len(retriever), encoder=retriever.encoder_id, backend=retriever.backend)
-  return LoadedIndex(retriever, manifest)
+  return LoadedIndex(retriever, manifest, encode_rows)
 
 
 # ------------------------------------------------------------------ requests
@@ -169,6 +186,7 @@ class Batcher:
     self.queue: Optional[asyncio.Queue] = None
     self._task: Optional[asyncio.Task] = None
     self.batches = self.queries = 0          # served so far (for /health)
+    self.search_s = 0.0                      # wall seconds inside index.search
 
   async def start(self) -> None:
     self.queue = asyncio.Queue()
@@ -214,7 +232,9 @@ class Batcher:
       queries = [q for qs, _, _ in items for q in qs]
       k = max(k for _, k, _ in items)
       try:
+        t0 = time.perf_counter()
         hits = await loop.run_in_executor(None, self.index.search, queries, k)
+        self.search_s += time.perf_counter() - t0
         if len(hits) != len(queries):
           raise RuntimeError(f"the index answered {len(hits)} rows for {len(queries)} queries")
       except Exception as e:  # pylint: disable=broad-except   (each waiting request gets it;
@@ -282,7 +302,8 @@ def create_app(index, *, max_batch: int = 64, max_wait_ms: float = 5.0, max_topk
     m = index.manifest
     return {"status": "ok", "n": m.get("n"), "encoder": m.get("encoder"),
             "backend": m.get("backend"), "manifest": m,
-            "served": {"batches": batcher.batches, "queries": batcher.queries}}
+            "served": {"batches": batcher.batches, "queries": batcher.queries,
+                       "search_s": round(batcher.search_s, 6)}}
 
   @app.post("/retrieve")
   async def retrieve(request: Request):
@@ -298,9 +319,10 @@ def create_app(index, *, max_batch: int = 64, max_wait_ms: float = 5.0, max_topk
 
 def warm_up(index, max_batch: int, k: int, max_tokens: int = 64) -> None:
   """Compiles the encoder and index for the shapes the worker will meet with short queries:
-  rows 1, 2, 4, ... up to `max_batch` (the encoder pads a batch's rows to a power of two) for
-  each of the encoder's length buckets up to `max_tokens`, at depth `k`; so that the first
-  requests do not wait for XLA. Longer queries and other depths compile when first met."""
+  batches of 1, 2, 4, ... up to `max_batch` queries (the encoder and the exact index pad rows to
+  a power of two) for each of the encoder's length buckets up to `max_tokens`, at depth `k`; so
+  that the first requests do not wait for XLA. Longer queries and other depths compile when
+  first met."""
   buckets = [b for b in index.retriever.encoder.length_buckets if b <= max_tokens] or [16]
   for b in buckets:
     text = " ".join(["warm"] * max(1, b - 2))     # b tokens with [CLS] and [SEP]
@@ -325,6 +347,8 @@ def main(argv=None) -> None:
   p.add_argument("--max-topk", type=int, default=100)
   p.add_argument("--max-queries", type=int, default=512, help="queries one request may hold")
   p.add_argument("--topk", type=int, default=DEFAULT_TOPK, help="topk of a request without one")
+  p.add_argument("--encode-rows", type=int, default=ENCODE_ROWS,
+                 help="queries in one encoder forward pass (a batch's queries sorted by length)")
   p.add_argument("--encoder", default=None,
                  help="query encoder checkpoint (default: the packaged MiniLM)")
   p.add_argument("--no-warm-up", action="store_true",
@@ -332,7 +356,7 @@ def main(argv=None) -> None:
   args = p.parse_args(argv)
   logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
   import uvicorn
-  index = open_index(args.index, args.encoder)
+  index = open_index(args.index, args.encoder, encode_rows=args.encode_rows)
   if not args.no_warm_up:
     warm_up(index, args.max_batch, args.topk)
   app = create_app(index, max_batch=args.max_batch, max_wait_ms=args.max_wait_ms,
