@@ -1,6 +1,6 @@
 """A real HTTP server on 127.0.0.1 for the retrieval-service tests: an ASGI app run by uvicorn in
 a thread on a socket bound to a free port, ready once GET /health answers (bounded wait), always
-shut down (imported by name: tests/retrieval is on sys.path)."""
+shut down (imported by name: tests/ is on sys.path)."""
 import contextlib
 import socket
 import threading
