@@ -223,11 +223,13 @@ def retrieval_config(**overrides) -> ml_collections.ConfigDict:
                           any other string is used as is ('' = none)
     cache_dir             where indexes built on first use are kept ('' = <workdir>/retriever)
     scann_brute_force_below  corpora smaller than this get ScaNN's float brute force (exact)
+    url, url_*            a retrieval server of Search-R1's protocol instead (RETRIEVAL_SERVICE)
   """
   c = ml_collections.ConfigDict(dict(
       backend="exact", corpus="", index="", encoder_path="", pooling="", query_prefix="auto",
       passage_prefix="auto", cache_dir="",
-      scann_brute_force_below=16384))   # scann: exact brute force for smaller corpora
+      scann_brute_force_below=16384,    # scann: exact brute force for smaller corpora
+      **RETRIEVAL_SERVICE))             # url: a retrieval server instead (README)
   c.update(overrides)
   return c
 
@@ -275,6 +277,18 @@ def section(cls, cfg, where: str):
   return cls(**values)
 
 
+# Retrieval as a service: the keys every `retrieval` section takes beside its own (backend,
+# corpus, ...). `url` '' searches in process; a url ('http://127.0.0.1:8000') sends the passage
+# searches to a server of Search-R1's protocol (`python -m rlrag_jax.retrieval.serve`, or
+# Search-R1's own) through `rlrag_jax.retrieval.client.RemoteRetriever`: each request bounded
+# by url_timeout_s seconds and retried url_retries times (transport errors, 5xx, 429; the pause
+# doubling from 0.5 s); a search that still fails gives its queries no passages and is counted,
+# and the run stops once more than url_max_failure_rate of the last url_failure_window
+# searches failed.
+RETRIEVAL_SERVICE = dict(url="", url_timeout_s=30.0, url_retries=3, url_max_failure_rate=0.1,
+                         url_failure_window=100)
+
+
 # A run's saved config.json (read back by `methods/apex/pipeline.py`, the one reader of saved
 # configs) lacks the keys added after the run started: each with the value that reproduces what
 # such a run did. A method's own keys are in its `settings.ADDED_LATER`; `fill_added_later`
@@ -288,6 +302,7 @@ ADDED_LATER = {
     "retrieval.pooling": "",            # the encoder folder's own conventions
     "retrieval.query_prefix": "auto",
     "retrieval.passage_prefix": "auto",
+    **{f"retrieval.{k}": v for k, v in RETRIEVAL_SERVICE.items()},   # searched in process
 }
 
 

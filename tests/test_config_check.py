@@ -130,6 +130,8 @@ def test_a_bad_value_fails_before_an_evaluation_loads_its_checkpoint(tmp_path):
     (config_check.Range(lo=0, hi=1), [0, 0.5, 1], [-0.1, 1.01]),
     (config_check.Range(lo=1, also=(-1,)), [-1, 1, 8], [0, -2]),
     (config_check.OneOf(("a", "")), ["a", ""], ["b", None, 1]),
+    (config_check.Url(), ["", "http://127.0.0.1:8000", "https://h/x"],
+     ["127.0.0.1:8000", "ftp://h", "http://a b", None, 1]),
 ])
 def test_rules_accept_and_reject(rule, good, bad):
   assert [rule(v) for v in good] == [None] * len(good)

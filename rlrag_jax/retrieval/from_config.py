@@ -10,6 +10,10 @@
                        writes, cached under `retrieval.cache_dir` (default <workdir>/retriever)
   retrieval.encoder_path, pooling, query_prefix, passage_prefix   the encoder and its conventions
   retrieval.backend, scann_brute_force_below                      the index built on first use
+  retrieval.url        '' = search in process; else a retrieval server (Search-R1's protocol):
+                       `retriever_for` returns a `client.RemoteRetriever` and builds no index
+                       (url_timeout_s, url_retries, url_max_failure_rate, url_failure_window:
+                       its client settings)
 
 Shared by every method that retrieves (the search agent, APEX's executor, SPARKLE, R2AG); knows
 no method.
@@ -29,10 +33,10 @@ def encoder_for(config):
   from rlrag_jax.retrieval import Encoder
   rc = config.retrieval
   kw = {}
-  if rc.get("pooling", ""):
+  if rc.pooling:
     kw["pooling"] = rc.pooling
   for key in ("query_prefix", "passage_prefix"):
-    if rc.get(key, "auto") != "auto":
+    if rc[key] != "auto":
       kw[key] = rc[key]
   return Encoder.from_pretrained(rc.encoder_path or None, **kw)
 
@@ -43,7 +47,7 @@ def corpus_for(config, selection):
   contexts of every example (train, eval, then validation: a run without validation pools
   exactly what it did before). A list of CorpusRecords, or a PassageStore (index by row)."""
   from rlrag_jax.data.schema import CorpusRecord
-  if config.retrieval.get("index", ""):
+  if config.retrieval.index:
     from rlrag_jax.retrieval.store import PassageStore
     return PassageStore(pathlib.Path(config.retrieval.index).expanduser() / "store")
   name = config.retrieval.corpus
@@ -68,13 +72,17 @@ def corpus_for(config, selection):
 def retriever_for(config, corpus, encoder=None):
   """(encoder, Retriever, index folder): the `retrieval.index` folder, else an index of `corpus`
   cached under `retrieval.cache_dir` (default <workdir>/retriever) by a fingerprint of the
-  corpus, the encoder, its conventions and the index settings."""
+  corpus, the encoder, its conventions and the index settings. With `retrieval.url` set:
+  (encoder, RemoteRetriever, a local cache folder), no index built; the encoder is still loaded
+  for what a method embeds itself."""
   from rlrag_jax.retrieval import Retriever
   from rlrag_jax.retrieval.retriever import RetrieverFormatError
   rc = config.retrieval
   if encoder is None:
     encoder = encoder_for(config)
-  if rc.get("index", ""):
+  if rc.url:                   # retrieval as a service: see remote_retriever below
+    return encoder, *remote_retriever(config)
+  if rc.index:
     folder = pathlib.Path(rc.index).expanduser()
     try:
       retriever = Retriever.load(folder, encoder)
@@ -106,3 +114,24 @@ def retriever_for(config, corpus, encoder=None):
   retriever.save(folder, extra={"built_by": {"corpus": rc.corpus or "selection",
                                              "n": len(corpus)}})
   return encoder, retriever, folder
+
+
+# ---------------------------------------------------------------- retrieval as a service
+def remote_retriever(config) -> tuple:
+  """(RemoteRetriever of `retrieval.url`, a folder for the run's local caches keyed by the url:
+  <cache_dir>/remote-<hash>). What the server says of itself (/health, where it has one) is
+  logged once."""
+  from rlrag_jax.retrieval import client
+  rc = config.retrieval
+  remote = client.from_config(rc)
+  cache = pathlib.Path(rc.cache_dir or pathlib.Path(config.workdir) / "retriever").expanduser()
+  folder = cache / f"remote-{hashlib.sha1(rc.url.encode()).hexdigest()[:16]}"
+  folder.mkdir(parents=True, exist_ok=True)
+  health = remote.health()
+  if health is None:
+    log.info("%s: passages from %s (no /health: a server of the protocol other than ours, or "
+             "not up yet)", config.method, rc.url)
+  else:
+    log.info("%s: passages from %s: %s passages, %s backend, encoder %s", config.method, rc.url,
+             health.get("n"), health.get("backend"), health.get("encoder"))
+  return remote, folder

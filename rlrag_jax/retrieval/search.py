@@ -20,7 +20,7 @@ def contents(title: str, text: str) -> str:
   return f'"{title}"\n{text}'
 
 
-def open_searcher(index: str, encoder_path: str = "", batch_size: int = 64):
+def open_searcher(index: str, encoder_path: str = ""):
   """(Retriever over the index folder, its manifest), with a query encoder of the index's
   conventions."""
   from rlrag_jax.retrieval.encoder import Encoder  # pylint: disable=g-import-not-at-top
@@ -30,7 +30,6 @@ def open_searcher(index: str, encoder_path: str = "", batch_size: int = 64):
   kw = {k: conv[k] for k in ("pooling", "normalize", "query_prefix", "passage_prefix")
         if k in conv}
   encoder = Encoder.from_pretrained(encoder_path or None, **kw)
-  del batch_size
   return Retriever.load(index, encoder), m
 
 
