@@ -36,7 +36,8 @@ def test_every_enum_like_string_and_every_number_has_a_rule(loaded):
   latest checkpoint) and reward.stage2_step (<= 0: never)."""
   free = ("workdir", "compile_cache", "data.dir", "model.path", "model.train_config",
           "models.*", "distributed.coordinator_address", "*.judge_url", "*.judge_model",
-          "retrieval.corpus", "retrieval.encoder_path", "retrieval.cache_dir", "arena.sft.teacher_traces",
+          "retrieval.corpus", "retrieval.encoder_path", "retrieval.cache_dir", "retrieval.index",
+          "retrieval.query_prefix", "retrieval.passage_prefix", "arena.sft.teacher_traces",
           "apex.encoder_path", "apex.gold_plans", "apex.trajectories", "sparkle.reader.url",
           "sparkle.reader.model", "sparkle.triples_file", "sparkle.sft_trajectories",
           "rl.dynamic_sampling_key", "rl.ppo.whiten_by", "seed", "data.world.seed",

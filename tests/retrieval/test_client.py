@@ -160,9 +160,9 @@ def test_replies_of_another_shape_are_refused(reply):
 
 def _config(tmp_path, url=""):
   from rlrag_jax import config_base
-  return ml_collections.ConfigDict(dict(method="t", workdir=str(tmp_path), retrieval=dict(
-      backend="exact", corpus="", encoder_path="", cache_dir=str(tmp_path / "cache"),
-      scann_brute_force_below=16384, **dict(config_base.RETRIEVAL_SERVICE, url=url))))
+  return ml_collections.ConfigDict(dict(method="t", workdir=str(tmp_path),
+                                        retrieval=config_base.retrieval_config(
+                                            cache_dir=str(tmp_path / "cache"), url=url)))
 
 
 class _Selection:

@@ -24,7 +24,8 @@ def _corpus():
 
 def _config(tmp_path, backend, **retrieval):
   c = ml_collections.ConfigDict(dict(method="t", workdir=str(tmp_path), retrieval=dict(
-      backend=backend, corpus="", encoder_path="", cache_dir="", url="")))
+      backend=backend, corpus="", index="", encoder_path="", pooling="", query_prefix="auto",
+      passage_prefix="auto", cache_dir="", url="")))
   c.retrieval.update(retrieval)
   return c
 
