@@ -364,6 +364,16 @@ class _Shape:
     self.shape = tuple(int(x) for x in shape)
 
 
+def _return_freed_memory() -> None:
+  """glibc keeps freed heap memory for reuse; malloc_trim hands it back to the system, so that a
+  build's peak is one slice's, as measured (a no-op where there is no glibc)."""
+  try:
+    import ctypes  # pylint: disable=g-import-not-at-top
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+  except (OSError, AttributeError):
+    pass
+
+
 class ScannSlices:
   """ScaNN over row slices of the database, searched together and merged: the build's memory.
 
@@ -389,20 +399,20 @@ class ScannSlices:
     bounds = [round(i * n / slices) for i in range(slices + 1)]
     if slices > 1 and n >= params.get("brute_force_below", BRUTE_FORCE_BELOW):
       params = {**params, "brute_force_below": 0}   # the whole is partitioned: so is each slice
-    parts, starts = [], []
-    for i in range(slices):
-      a, b = bounds[i], bounds[i + 1]
+    if folder is None or slices == 1:
+      parts = [ScannIndex(embeddings[a:b], **params) for a, b in zip(bounds, bounds[1:])]
+      return cls(parts, bounds[:-1], n, d)
+    saved = []
+    for i, (a, b) in enumerate(zip(bounds, bounds[1:])):
       part = ScannIndex(embeddings[a:b], **params)
-      if folder is not None and slices > 1:
-        sub = pathlib.Path(folder) / cls.SUBDIR / f"slice-{i:03d}"
-        sub.mkdir(parents=True, exist_ok=True)
-        part._searcher.serialize(str(sub), relative_path=True)   # pylint: disable=protected-access
-        p = part.params()
-        del part       # this slice's build buffers go before the next slice's are made
-        part = ScannIndex.load_searcher_dir(sub, (b - a, d), p)
-      parts.append(part)
-      starts.append(a)
-    return cls(parts, starts, n, d)
+      sub = pathlib.Path(folder) / cls.SUBDIR / f"slice-{i:03d}"
+      sub.mkdir(parents=True, exist_ok=True)
+      part._searcher.serialize(str(sub), relative_path=True)   # pylint: disable=protected-access
+      saved.append((sub, (b - a, d), part.params()))
+      del part         # no slice is held while the next one is built: each build alone peaks
+      _return_freed_memory()
+    parts = [ScannIndex.load_searcher_dir(sub, shape, p) for sub, shape, p in saved]
+    return cls(parts, bounds[:-1], n, d)
 
   def __len__(self):
     return self.n
