@@ -189,9 +189,7 @@ def base_config() -> ml_collections.ConfigDict:
           generator_thinking=False))))
   c.models.generator = ml_collections.ConfigDict(dict(
       path="runs/r2ag_generator", train_config="configs/r2ag_generator.py"))
-  c.retrieval = ml_collections.ConfigDict(dict(
-      backend="exact", corpus="", encoder_path="", cache_dir="",
-      scann_brute_force_below=16384))   # scann: exact brute force for smaller corpora
+  c.retrieval = config_base.retrieval_config()
   # DAPO as Eq. 6: token-level clipped loss, clip-higher, no KL term.
   c.rl.algo = "grpo"
   c.rl.aggregation = "token_mean"

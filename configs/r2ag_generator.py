@@ -24,9 +24,7 @@ def get_config(arg: str = ""):
   c = config_base.trainer_config("r2ag", "runs/r2ag_generator")
   c.r2ag = ml_collections.ConfigDict(dict(role="generator", passage_words=0,
                                           generator_distractors=4))
-  c.retrieval = ml_collections.ConfigDict(dict(
-      backend="exact", corpus="", encoder_path="", cache_dir="",
-      scann_brute_force_below=16384))   # scann: exact brute force for smaller corpora
+  c.retrieval = config_base.retrieval_config()
   c.stages = ("sft",)
   c.rl.steps = 0
   if arg == "paper":

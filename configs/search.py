@@ -118,7 +118,11 @@ Method-specific sections (the trainer reads the others):
   retrieval  backend ('exact' | 'scann'), corpus ('' = the data source's own corpus, else a name
              in loaders.CORPORA or a JSONL path), encoder_path ('' = packaged MiniLM),
              cache_dir ('' = <workdir>/retriever), scann_brute_force_below (a corpus with fewer
-             passages gets ScaNN's exact float brute force, not the partitioned index).
+             passages gets ScaNN's exact float brute force, not the partitioned index),
+             url ('' = search in process; else a retrieval server of Search-R1's protocol,
+             `python -m rlrag_jax.retrieval.serve`: the passage searches go there, r_s still
+             embeds queries locally) with url_timeout_s, url_retries, url_max_failure_rate and
+             url_failure_window (config_base.RETRIEVAL_SERVICE).
   search     the agent's own SFT and evaluation keys (methods/search/settings.py):
              sft.known_min_seen (SFT targets recall, do not search, the gold steps whose fact
              occurs in at least this many other training questions; all steps recalled =

@@ -54,10 +54,12 @@ against them here; marked so that nobody cites them as the paper's:
 
 Differences from the paper ('paper', 'paper_grpo'), with the reason:
   - Retriever: the paper searches wiki-18 (21M passages) with e5-base-v2. Here the encoder is
-    the packaged MiniLM unless retrieval.encoder_path names another (this project may not
-    download e5), and the corpus is whatever retrieval.corpus / index / url names: the shared
-    sample `wiki18` holds 1,000 of the 21M passages, enough to run the protocol, far too few to
-    reproduce its numbers.
+    the packaged MiniLM unless retrieval.encoder_path names an e5-base-v2 folder (its 'query: '
+    / 'passage: ' prefixes and mean pooling come with it; this project may not download it),
+    and the corpus is whatever retrieval.corpus / index / url names (an index built by
+    `python -m rlrag_jax.retrieval.build`, or a server of Search-R1's retrieval protocol,
+    theirs or `python -m rlrag_jax.retrieval.serve`): the shared sample `wiki18` holds 1,000
+    of the 21M passages, enough to run the protocol, far too few to reproduce its numbers.
   - Training data: NQ train is not among the shared samples and HotpotQA train holds 110
     questions; point data.dir at FlashRAG's full sets. A missing training file leaves the task
     without training data (a training run stops; evaluation runs).

@@ -71,7 +71,7 @@ KV cache (4 KB a token) at ~2 TB/s, with a floor of 0.3 ms a step (a 4-layer ste
 launches); ~40 s of compile per seed. With N = 13.6M params (6N = 8.2e7 FLOP a token):
   SFT       250 steps x 32 rows x ~256 tokens (length-grouped, padded) = 2.05M tokens:
             1.7e14 FLOP, 0.9 s
-  RL update 12 steps x ~1,340 decisions (~48 a tree, session 27's count at 4 trees) x 576
+  RL update 12 steps x ~1,340 decisions (~48 a tree, 3567ff3's count at 4 trees) x 576
             positions (the batch's longest prompt + completion) = 9.3M positions (up to 13M
             with the padding to a geometric count of episodes), each costing policy update
             6N + critic update 6N + value forward 2N + reference forward 2N (kl_beta > 0) =

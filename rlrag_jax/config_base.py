@@ -207,16 +207,32 @@ def trainer_config(method: str, workdir: str) -> ml_collections.ConfigDict:
 
 
 def retrieval_config(**overrides) -> ml_collections.ConfigDict:
-  """`retrieval`, the section of the methods that search a corpus (`retrieval.from_config`):
-  backend ('exact' | 'scann'), corpus ('' = the data source's own: the embedded world's
-  passages, or the selected examples' pooled paragraphs; else a name in loaders.CORPORA or a
-  JSONL path), index (a built index folder; '' = none), url (a retrieval server; '' = none),
-  encoder_path ('' = the packaged MiniLM), cache_dir ('' = <workdir>/retriever),
-  scann_brute_force_below. A config that holds open-domain questions must set one of corpus /
-  index / url (`config_check.NeedsCorpus`)."""
+  """The `retrieval` section of every method that retrieves (rlrag_jax.retrieval.from_config).
+
+    backend               'exact' | 'scann'
+    corpus                '' = the data selection's own corpus (the embedded world), else the
+                          deduplicated contexts of its examples; or a name in loaders.CORPORA /
+                          a corpus file (FlashRAG JSONL, {title, text} JSONL, DPR TSV)
+    index                 '' or a prebuilt index folder (`python -m rlrag_jax.retrieval.build`):
+                          its passages are the corpus and its vectors are searched; refused when
+                          its encoder or conventions differ from the ones below
+    encoder_path          '' = the packaged MiniLM; else a BERT-family HF folder (E5, BGE, ...)
+    pooling               '' = the encoder folder's (sentence-transformers files, E5/BGE name);
+                          'mean' | 'cls'
+    query_prefix, passage_prefix   'auto' = the encoder's ('query: ' / 'passage: ' for E5);
+                          any other string is used as is ('' = none)
+    cache_dir             where indexes built on first use are kept ('' = <workdir>/retriever)
+    scann_brute_force_below  corpora smaller than this get ScaNN's float brute force (exact)
+    url, url_*            a retrieval server of Search-R1's protocol instead (RETRIEVAL_SERVICE)
+
+  A config that holds open-domain questions must set one of corpus / index / url
+  (`config_check.NeedsCorpus`).
+  """
   c = ml_collections.ConfigDict(dict(
-      backend="exact", corpus="", index="", url="", encoder_path="", cache_dir="",
-      scann_brute_force_below=16384))   # scann: exact brute force for smaller corpora
+      backend="exact", corpus="", index="", encoder_path="", pooling="", query_prefix="auto",
+      passage_prefix="auto", cache_dir="",
+      scann_brute_force_below=16384,    # scann: exact brute force for smaller corpora
+      **RETRIEVAL_SERVICE))             # url: a retrieval server instead (README)
   c.update(overrides)
   return c
 
@@ -264,6 +280,18 @@ def section(cls, cfg, where: str):
   return cls(**values)
 
 
+# Retrieval as a service: the keys every `retrieval` section takes beside its own (backend,
+# corpus, ...). `url` '' searches in process; a url ('http://127.0.0.1:8000') sends the passage
+# searches to a server of Search-R1's protocol (`python -m rlrag_jax.retrieval.serve`, or
+# Search-R1's own) through `rlrag_jax.retrieval.client.RemoteRetriever`: each request bounded
+# by url_timeout_s seconds and retried url_retries times (transport errors, 5xx, 429; the pause
+# doubling from 0.5 s); a search that still fails gives its queries no passages and is counted,
+# and the run stops once more than url_max_failure_rate of the last url_failure_window
+# searches failed.
+RETRIEVAL_SERVICE = dict(url="", url_timeout_s=30.0, url_retries=3, url_max_failure_rate=0.1,
+                         url_failure_window=100)
+
+
 # A run's saved config.json (read back by `methods/apex/pipeline.py`, the one reader of saved
 # configs) lacks the keys added after the run started: each with the value that reproduces what
 # such a run did. A method's own keys are in its `settings.ADDED_LATER`; `fill_added_later`
@@ -273,8 +301,11 @@ ADDED_LATER = {
     "sft.epochs": 0.0,           # sft.steps counted the SFT warm-up
     "model.scan_layers": False,  # the blocks ran unrolled
     "retrieval.scann_brute_force_below": 16384,   # ScaNN's default then (index.BRUTE_FORCE_BELOW)
-    "retrieval.index": "",       # no index folder: the corpus (or the selection's paragraphs)
-    "retrieval.url": "",         # no retrieval server
+    "retrieval.index": "",              # no prebuilt index: the corpus was indexed in the run
+    "retrieval.pooling": "",            # the encoder folder's own conventions
+    "retrieval.query_prefix": "auto",
+    "retrieval.passage_prefix": "auto",
+    **{f"retrieval.{k}": v for k, v in RETRIEVAL_SERVICE.items()},   # searched in process
 }
 
 

@@ -145,6 +145,16 @@ class MetricName:
     return "must be a metric name of the evaluation summary (a non-empty string, no spaces)"
 
 
+class Url:
+  """'' (off) or an http:// / https:// url (e.g. `retrieval.url`, a retrieval server)."""
+
+  def __call__(self, v) -> Optional[str]:
+    if isinstance(v, str) and (v == "" or (v.startswith(("http://", "https://")) and
+                                           not any(ch.isspace() for ch in v))):
+      return None
+    return "must be '' (off) or an http:// or https:// url without spaces"
+
+
 # The prompt styles every method reads: 'compact' drops the fixed instruction text (a
 # from-scratch model gains nothing from it), 'paper' is the paper's prompt.
 PROMPT_STYLES = ("paper", "compact")
@@ -299,6 +309,13 @@ def shared_rules() -> dict:
       # retrieval (rlrag_jax.retrieval.from_config; the methods that retrieve)
       "retrieval.backend": OneOf(tuple(index.BACKENDS)),
       "retrieval.scann_brute_force_below": NON_NEGATIVE,   # 0: always partitioned
+      "retrieval.pooling": OneOf(("", "mean", "cls")),     # '': the encoder folder's
+      # retrieval as a service (rlrag_jax.retrieval.client): '' = search in process
+      "retrieval.url": Url(),
+      "retrieval.url_timeout_s": POSITIVE,
+      "retrieval.url_retries": COUNT_OR_OFF,               # 0: no retry
+      "retrieval.url_max_failure_rate": FRACTION,          # 1: never stop
+      "retrieval.url_failure_window": COUNT,
       # the LLM judge wherever a section names one (eval.*, reward.*; rlrag_jax.judge)
       "*.judge_concurrency": COUNT,
       "*.judge_failure_window": COUNT,

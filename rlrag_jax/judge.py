@@ -16,7 +16,8 @@ give "not judged": None, which callers score as incorrect. An empty prediction i
 a request, and not a failure. Transport failures and 5xx/429 answers are retried `retries` times
 with a doubling pause; every attempt is bounded by `timeout` seconds.
 
-A batch (`judge_many`) is judged by a pool of at most `concurrency` threads, order preserved.
+A batch (`judge_many`) is judged by at most `concurrency` threads, order preserved; once the
+monitor stops (below), no new call of the batch starts.
 
 Every call is counted by the judge's `FailureMonitor` (`.monitor`), which keeps the reason of
 the last failure ('connection refused', 'HTTP 503', 'unreadable reply (no choices)', ...) and
@@ -30,7 +31,6 @@ into the metrics the trainer logs per RL step and the evaluation summaries hold:
 from __future__ import annotations
 
 import collections
-import concurrent.futures
 import dataclasses
 import http.client
 import json
@@ -154,8 +154,14 @@ class FailureMonitor:
 
   def check(self) -> None:
     """Raises `EndpointFailing` once the failures passed the limit."""
-    if self._stop is not None:
+    if self.stopped:
       raise EndpointFailing(self._stop)
+
+  @property
+  def stopped(self) -> bool:
+    """Whether the failures passed the limit (then `check()` raises); it stays so."""
+    with self._lock:
+      return self._stop is not None
 
   @property
   def recent_failure_rate(self) -> float:
@@ -194,23 +200,53 @@ class Span:
 
 def map_bounded(fn: Callable[[Any], Any], items: Sequence, workers: int,
                 monitor: FailureMonitor) -> list:
-  """[fn(x) for x in items] over a pool of at most `workers` threads, in order. `fn` records
-  each call in `monitor` and never raises; `monitor.check()` runs after each result, in order,
-  so that a failing endpoint stops the batch (what has not started is cancelled)."""
+  """[fn(x) for x in items] by at most `workers` threads, in order; `fn` records each call in
+  `monitor` and never raises.
+
+  Each worker takes the next item only while `monitor` has not stopped, so once the failure
+  window trips no new call starts: besides the call whose failure tripped it, at most
+  `workers - 1` calls (one already under way in each other worker) reach the endpoint. The
+  caller gets `EndpointFailing` as soon as the monitor stops, without waiting for those calls;
+  they finish (bounded by the call's own timeout) in their daemon threads and are counted."""
   items = list(items)
   if not items:
     return []
-  pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(int(workers), len(items))),
-                                               thread_name_prefix=f"{monitor.name}-pool")
-  try:
-    futures = [pool.submit(fn, x) for x in items]
-    out = []
-    for f in futures:
-      out.append(f.result())
-      monitor.check()
-    return out
-  finally:
-    pool.shutdown(wait=False, cancel_futures=True)
+  n = len(items)
+  out: list = [None] * n
+  cond = threading.Condition()
+  state = {"next": 0, "done": 0, "error": None}
+
+  def work():
+    while True:
+      with cond:
+        if state["error"] is not None or state["next"] == n or monitor.stopped:
+          cond.notify_all()
+          return
+        i = state["next"]
+        state["next"] += 1
+      try:
+        result = fn(items[i])
+      except BaseException as e:  # pylint: disable=broad-except   (handed to the caller)
+        with cond:
+          state["error"] = state["error"] or e
+          cond.notify_all()
+        return
+      with cond:
+        out[i] = result
+        state["done"] += 1
+        cond.notify_all()
+
+  monitor.check()                   # already stopped: not one call
+  for k in range(max(1, min(int(workers), n))):
+    threading.Thread(target=work, name=f"{monitor.name}-pool_{k}", daemon=True).start()
+  with cond:                        # woken by every finished call, so no stop goes unseen
+    while state["done"] < n and state["error"] is None and not monitor.stopped:
+      cond.wait()
+    error = state["error"]
+  if error is not None:
+    raise error
+  monitor.check()
+  return out
 
 
 class OpenAIJudge:

@@ -51,7 +51,8 @@ def test_every_enum_like_string_and_every_number_has_a_rule(loaded):
   latest checkpoint) and reward.stage2_step (<= 0: never)."""
   free = ("workdir", "compile_cache", "data.dir", "model.path", "model.train_config",
           "models.*", "distributed.coordinator_address", "*.judge_url", "*.judge_model",
-          "retrieval.corpus", "retrieval.index", "retrieval.url", "retrieval.encoder_path", "retrieval.cache_dir", "arena.sft.teacher_traces",
+          "retrieval.corpus", "retrieval.encoder_path", "retrieval.cache_dir", "retrieval.index",
+          "retrieval.query_prefix", "retrieval.passage_prefix", "arena.sft.teacher_traces",
           "apex.encoder_path", "apex.gold_plans", "apex.trajectories", "sparkle.reader.url",
           "sparkle.reader.model", "sparkle.triples_file", "sparkle.sft_trajectories",
           "rl.dynamic_sampling_key", "rl.ppo.whiten_by", "seed", "data.world.seed",
@@ -145,6 +146,8 @@ def test_a_bad_value_fails_before_an_evaluation_loads_its_checkpoint(tmp_path):
     (config_check.Range(lo=0, hi=1), [0, 0.5, 1], [-0.1, 1.01]),
     (config_check.Range(lo=1, also=(-1,)), [-1, 1, 8], [0, -2]),
     (config_check.OneOf(("a", "")), ["a", ""], ["b", None, 1]),
+    (config_check.Url(), ["", "http://127.0.0.1:8000", "https://h/x"],
+     ["127.0.0.1:8000", "ftp://h", "http://a b", None, 1]),
 ])
 def test_rules_accept_and_reject(rule, good, bad):
   assert [rule(v) for v in good] == [None] * len(good)

@@ -8,7 +8,6 @@ import logging
 import socket
 import struct
 import threading
-import time
 import types
 
 import pytest
@@ -32,11 +31,15 @@ class _Server(http.server.BaseHTTPRequestHandler):
   release = threading.Event()        # set at teardown: 'sleep' requests stop sleeping
   lock = threading.Lock()
   in_flight = max_in_flight = 0
+  on_request = None                  # if set, called per request; what it returns is noted
+  noted = []
 
   def do_POST(self):  # noqa: N802
     body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
     with _Server.lock:
       _Server.bodies.append(body)
+      if _Server.on_request is not None:
+        _Server.noted.append(_Server.on_request())
       action = _Server.script.pop(0) if len(_Server.script) > 1 else _Server.script[0]
       _Server.in_flight += 1
       _Server.max_in_flight = max(_Server.max_in_flight, _Server.in_flight)
@@ -83,6 +86,8 @@ def server():
   srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Server)
   srv.daemon_threads = True
   _Server.bodies.clear()
+  _Server.on_request = None
+  _Server.noted.clear()
   _Server.barrier, _Server.in_flight, _Server.max_in_flight = None, 0, 0
   _Server.release.clear()
   threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
@@ -133,11 +138,11 @@ def test_every_failure_is_not_judged_and_counted(server, name, script, verdict, 
 
 
 def test_timeout_is_bounded(server):
-  j = _judge(server, [("sleep", 3.0)], timeout=0.3, retries=1)
-  t0 = time.time()
-  assert j("Q?", "Paris", ["Paris"]) is None
-  assert time.time() - t0 < 2.5 and j.failures == 1
-  assert j.monitor.last_error == "timed out (2 attempts)"
+  """The server would answer 'yes' only after 120 s (or at teardown): a None 'timed out' on both
+  attempts is what proves each attempt was cut at `timeout`, with no clock read in the test."""
+  j = _judge(server, [("sleep", 120.0)], timeout=0.3, retries=1)
+  assert j("Q?", "Paris", ["Paris"]) is None and j.failures == 1
+  assert j.monitor.last_error == "timed out (2 attempts)" and len(_Server.bodies) == 2
 
 
 def test_refused_connection():
@@ -302,14 +307,53 @@ def test_a_fractional_window_is_refused():    # (a ConfigDict already refuses it
     _monitor(window=2.5)
 
 
+def _join_new_pool_threads(before):
+  """Waits for the batch's worker threads to finish the calls they had under way (each ends
+  after one request; no timeout is involved), so the counts below are final."""
+  for t in threading.enumerate():
+    if t not in before and t.name.startswith("judge-pool"):
+      t.join()
+
+
 def test_a_dead_judge_stops_a_batch():
-  """Refused connections: the batch stops once more than half of the window failed."""
-  j = judge.OpenAIJudge(_refused_url(), "m", retries=0, concurrency=4, max_failure_rate=0.5,
-                        failure_window=4, key_prefix="reward.judge_")
+  """Refused connections (each fails at once): the window (4 calls, rate 0.5) trips at the 3rd
+  failure, and no call starts after that, so at most `concurrency - 1` more calls (one already
+  under way in each other worker) are made, however fast the failures come."""
+  workers = 4
+  j = judge.OpenAIJudge(_refused_url(), "m", retries=0, concurrency=workers,
+                        max_failure_rate=0.5, failure_window=4, key_prefix="reward.judge_")
+  before = set(threading.enumerate())
   with pytest.raises(judge.EndpointFailing, match="connection refused") as e:
     j.judge_many([("Q?", "Paris", ["Paris"])] * 40)
   assert "3 of the last 3 calls failed" in str(e.value)
-  assert 3 <= j.calls < 40
+  _join_new_pool_threads(before)
+  assert 3 <= j.calls <= 3 + (workers - 1) and j.failures == j.calls
+
+
+def test_a_judge_that_dies_mid_batch_starts_no_call_after_the_trip(server):
+  """The endpoint answers 'yes' to its first 10 requests and 503 from then on (a latch flipped by
+  the server's own count). The server notes, for every request, whether the judge's monitor had
+  already stopped when it arrived: at most `concurrency - 1` requests arrive after the trip (one
+  already under way in each other worker), none of the batch's later items is asked, and a
+  second batch asks nothing."""
+  workers, healthy = 4, 10
+  j = _judge(server, [("ok", _reply("yes"))] * healthy + [("status", 503)], retries=0,
+             concurrency=workers, max_failure_rate=0.5, failure_window=4)
+  _Server.on_request = lambda: j.monitor.stopped
+  before = set(threading.enumerate())
+  with pytest.raises(judge.EndpointFailing, match="HTTP 503"):
+    j.judge_many([("Q?", "Paris", ["Paris"])] * 200)
+  _join_new_pool_threads(before)
+  after_trip = sum(_Server.noted)
+  assert after_trip <= workers - 1
+  # Before the trip: the 10 good ones and at most 3 + 3 failures (3 of the last 4 recorded
+  # calls failed; at most 3 late successes, in flight when the endpoint died, sit among them).
+  assert healthy + 3 <= len(_Server.bodies) <= healthy + 6 + (workers - 1)
+  assert j.calls == len(_Server.bodies) and j.failures == len(_Server.bodies) - healthy
+  n = len(_Server.bodies)
+  with pytest.raises(judge.EndpointFailing):
+    j.judge_many([("Q?", "Paris", ["Paris"])] * 5)
+  assert len(_Server.bodies) == n
 
 
 def test_evaluation_reports_the_judge_calls_and_failures(server):

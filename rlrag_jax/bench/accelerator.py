@@ -45,6 +45,8 @@ import tempfile
 import time
 import traceback
 
+from rlrag_jax.bench import HELP_SMOKE
+
 H100_BF16_TFLOPS = 989.4        # dense bf16 tensor-core peak of an H100 SXM (datasheet)
 H100_HBM_TBS = 3.35             # HBM3 bandwidth of an H100 SXM (datasheet)
 
@@ -512,7 +514,10 @@ def main(argv=None) -> int:
                   "GPU, xla elsewhere)")
   ap.add_argument("--sections", default="sampler,hf,update,memory,main",
                   help="comma list of sampler, hf, update, memory, main")
+  ap.add_argument("--smoke", action="store_true",
+                  help="--reduced with one main job run, not two (" + HELP_SMOKE + ")")
   args = ap.parse_args(argv)
+  args.reduced = args.reduced or args.smoke
   os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")   # torch runs beside us
   spec = REDUCED if args.reduced else FULL
   sections = set(args.sections.split(","))
@@ -543,7 +548,7 @@ def main(argv=None) -> int:
     if "pallas" in impls:            # the Pallas attention kernels (models.flash_attention)
       attempt("update_pallas", lambda: bench_update(spec, dev, clock, "pallas"))
   if "main" in sections:
-    attempt("main_job", lambda: bench_main_job(args.reduced, clock))
+    attempt("main_job", lambda: bench_main_job(args.reduced, clock, runs=1 if args.smoke else 2))
   if "memory" in sections and clock.left() > 40:
     attempt("memory", lambda: bench_memory_plan(spec, clock))
   res["elapsed_s"] = clock.budget - clock.left()

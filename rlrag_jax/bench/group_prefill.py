@@ -23,6 +23,8 @@ import time
 
 import numpy as np
 
+from rlrag_jax.bench import HELP_SMOKE
+
 
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -32,7 +34,11 @@ def main(argv=None) -> int:
   p.add_argument("--prompt-tokens", type=int, default=512)
   p.add_argument("--new-tokens", type=int, default=32)
   p.add_argument("--repeats", type=int, default=3)
+  p.add_argument("--smoke", action="store_true", help=HELP_SMOKE)
   args = p.parse_args(argv)
+  if args.smoke:
+    p.set_defaults(prompts=2, group=2, prompt_tokens=16, new_tokens=4, repeats=1)
+    args = p.parse_args(argv)
   import jax
   from rlrag_jax.bench.sampling import SIZES, build_checkpoint
   from rlrag_jax.models import load_hf

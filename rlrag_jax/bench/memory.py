@@ -74,7 +74,7 @@ import sys
 import time
 from typing import Optional
 
-from rlrag_jax.bench import gpu_plan
+from rlrag_jax.bench import HELP_SMOKE, gpu_plan
 
 # Published config.json fields of the models the paper presets train (no download needed).
 SHAPES = {
@@ -620,7 +620,14 @@ def main(argv=None) -> int:
   ap.add_argument("--targets", action="store_true",
                   help="check the three targets (0.5B vocab independence and temporaries, "
                   "0.5B decode bytes, 7B on 8 devices): PASS / FAIL lines; exit 1 on a FAIL")
+  ap.add_argument("--smoke", action="store_true",
+                  help=HELP_SMOKE + ": the 0.5B shape cut to 1 layer and a 4,096 vocabulary, "
+                  "every part at 2 rows of 64 tokens")
   args = ap.parse_args(argv)
+  if args.smoke:
+    ap.set_defaults(layers=1, vocab=4096, sequences=2, tokens=64, decode_batch=2, cached=64,
+                    parts="update,attention,prefill,decode", attention_block=32)
+    args = ap.parse_args(argv)
   global TOP_KERNELS
   TOP_KERNELS = max(0, args.top)
   if args.targets:

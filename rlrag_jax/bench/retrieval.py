@@ -2,6 +2,8 @@
 
   python -m rlrag_jax.bench.retrieval                       # 100k and 1M vectors, 1000 passages
   python -m rlrag_jax.bench.retrieval --sizes 20000 --queries 200 --encoder-texts 128   # quick
+  python -m rlrag_jax.bench.retrieval --scale     # the index build CLI at 1M x 768: see
+                                                  # retrieval_scale.py (memory, ScaNN vs HNSW)
 
 ANN: random unit vectors (d=384), inner product, Recall@k against exact search. Each method's
 search-time knob is raised until Recall@k >= --target-recall, then bisected back to the smallest
@@ -21,10 +23,12 @@ import argparse
 import json
 import math
 import os
+import sys
 import time
 
 import numpy as np
 
+from rlrag_jax.bench import HELP_SMOKE
 from rlrag_jax.data.paths import data_dir
 
 
@@ -243,6 +247,10 @@ def bench_encoder(args, table: Table):
 
 
 def main(argv=None):
+  argv = sys.argv[1:] if argv is None else list(argv)
+  if "--scale" in argv:       # the index build at scale: its own flags (retrieval_scale.py)
+    from rlrag_jax.bench import retrieval_scale  # pylint: disable=g-import-not-at-top
+    return retrieval_scale.main(argv)
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--sizes", default="100000,1000000", help="comma-separated database sizes")
   p.add_argument("--dim", type=int, default=384)
@@ -259,7 +267,12 @@ def main(argv=None):
   p.add_argument("--batch-size", type=int, default=64)
   p.add_argument("--skip-ann", action="store_true")
   p.add_argument("--skip-encoder", action="store_true")
+  p.add_argument("--smoke", action="store_true", help=HELP_SMOKE)
   args = p.parse_args(argv)
+  if args.smoke:
+    p.set_defaults(sizes="2000", dim=32, queries=32, reps=1, encoder_texts=8, batch_size=8,
+                   threads=1)
+    args = p.parse_args(argv)
   os.environ.setdefault("HF_HUB_OFFLINE", "1")
   os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
   if args.threads:

@@ -41,6 +41,8 @@ import time
 
 import numpy as np
 
+from rlrag_jax.bench import HELP_SMOKE
+
 SIZES = {
     # ~0.2M params: per-step overheads dominate.
     "tiny": dict(hidden_size=64, intermediate_size=192, num_hidden_layers=2,
@@ -162,8 +164,9 @@ def bench_ours(ckpt: pathlib.Path, prompts: list, shape: Shape, steps: int, warm
   encode = lambda text: tok(text, add_special_tokens=True)["input_ids"]   # as TRL tokenizes
   decode = lambda ids: tok.decode(list(ids), skip_special_tokens=True)
   base_key = jax.random.PRNGKey(0)
+  # The compiled programs of the jits a step runs (rl_step is an UpdateStep: its one-jit form).
   programs = lambda: (sampler._generate_jit._cache_size(), st.logp._cache_size(),
-                      st.rl_step._cache_size())
+                      st.rl_step.jit._cache_size())
   from rlrag_jax.training.compiles import CompileCounter
   counter = CompileCounter()
   out, before = [], None
@@ -302,7 +305,17 @@ def main(argv=None):
                   help="the variable-length case: 4 prompts x 4 of 64-1536 tokens (unless "
                   "flags say otherwise), our side only, 12 timed steps; prints the XLA compiles "
                   "of each timed step (bounded by the length buckets)")
+  ap.add_argument("--smoke", action="store_true",
+                  help=HELP_SMOKE + " (TRL's side too when trl and datasets are installed)")
   args = ap.parse_args(argv)
+  if args.smoke:
+    ap.set_defaults(sizes="tiny", steps=1, warmup=1, prompts=2, group=2, new_tokens=8,
+                    prompt_min=8, prompt_max=16, torch_threads="1")
+    args = ap.parse_args(argv)
+    missing = [m for m in ("trl", "datasets") if importlib.util.find_spec(m) is None]
+    if missing and not args.no_reference:
+      print(f"--smoke: {', '.join(missing)} not installed (the `bench` extra): our side only")
+      args.no_reference = True
   if args.variable_lengths:
     args.no_reference = True
     args.prompt_min = args.prompt_min or 64

@@ -44,6 +44,8 @@ import time
 
 import numpy as np
 
+from rlrag_jax.bench import HELP_SMOKE
+
 
 class IdTokenizer:
   """What the loop needs from a tokenizer, over raw ids: decoding writes ids as text, encoding
@@ -270,7 +272,12 @@ def main(argv=None):
   ap.add_argument("--prompts", type=int, default=4, help="--kv-reuse: distinct prompts")
   ap.add_argument("--group", type=int, default=8, help="--kv-reuse: samples per prompt")
   ap.add_argument("--prompt-tokens", type=int, default=512, help="--kv-reuse: prompt length")
+  ap.add_argument("--smoke", action="store_true", help=HELP_SMOKE)
   args = ap.parse_args(argv)
+  if args.smoke:
+    ap.set_defaults(sizes="tiny", batch=2, turns=2, turn_tokens=4, obs_tokens=4, prompt_min=4,
+                    prompt_max=8, repeats=1, prompts=2, group=2, prompt_tokens=16)
+    args = ap.parse_args(argv)
   if args.kv_reuse:
     return kv_reuse_main(args)
 

@@ -31,6 +31,8 @@ import time
 
 import numpy as np
 
+from rlrag_jax.bench import HELP_SMOKE
+
 SIZES = {
     # ~0.2M params: measures per-step overhead more than arithmetic.
     "tiny": dict(hidden_size=64, intermediate_size=192, num_hidden_layers=2,
@@ -200,7 +202,12 @@ def main(argv=None):
   ap.add_argument("--segments", type=int, default=0, metavar="K",
                   help="also estimate each side from K interleaved pairs of 1-token and 16-token "
                        "calls (min prefill + (N-1) x min step; robust when the CPU is shared)")
+  ap.add_argument("--smoke", action="store_true", help=HELP_SMOKE)
   args = ap.parse_args(argv)
+  if args.smoke:
+    ap.set_defaults(sizes="tiny", batch=2, new_tokens=8, prompt_min=4, prompt_max=8, repeats=1,
+                    torch_threads=1, segments=1)
+    args = ap.parse_args(argv)
 
   import jax
   import torch

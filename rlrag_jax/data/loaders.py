@@ -31,6 +31,7 @@ Two quirks of the real releases are repaired, not rejected, and noted in the rep
 """
 from __future__ import annotations
 
+import csv
 import dataclasses
 import json
 import logging
@@ -412,7 +413,7 @@ def _read_jsonl(path: pathlib.Path, report: LoadReport) -> Iterator[tuple]:
 
 
 def _iter_parsed(path: pathlib.Path, parse: Callable, skip_invalid: bool,
-                 report: LoadReport) -> Iterator[Any]:
+                 report: LoadReport, with_lines: bool = False) -> Iterator[Any]:
   report.path = str(path)
   for line_no, rec in _read_jsonl(path, report):
     try:
@@ -426,7 +427,7 @@ def _iter_parsed(path: pathlib.Path, parse: Callable, skip_invalid: bool,
       report.errors.append(str(e))
       continue
     report.num_loaded += 1
-    yield out
+    yield (line_no, out) if with_lines else out
   if report.num_skipped:
     log.warning("%s: skipped %d malformed of %d records (first: %s)", path, report.num_skipped,
                 report.num_records, report.errors[0])
@@ -600,16 +601,75 @@ def corpus_path(name_or_path: PathLike) -> pathlib.Path:
   return p
 
 
+def _read_dpr_tsv(path: pathlib.Path, report: LoadReport) -> Iterator[tuple]:
+  """DPR's passage TSV (`id<TAB>text<TAB>title`, a header line first) -> (1-based line, dict
+  or DataError), streaming. Quoted fields (DPR's psgs_w100.tsv quotes texts) are unquoted."""
+  with open(path, "r", encoding="utf-8", errors="strict", newline="") as f:
+    header = f.readline().rstrip("\r\n").split("\t")
+    if [h.strip().lower() for h in header[:3]] != ["id", "text", "title"]:
+      raise DataError(path, 1, None, f"expected the DPR header 'id<TAB>text<TAB>title', found "
+                      f"{header[:3]!r}")
+    csv.field_size_limit(1 << 30)
+    rows = csv.reader(f, delimiter="\t", quotechar='"')
+    for row in rows:
+      line_no = rows.line_num + 1     # the header was read before the reader
+      if not row or not "".join(row).strip():
+        continue
+      report.num_records += 1
+      if len(row) != 3:
+        yield line_no, DataError(path, line_no, "<record>",
+                                 f"expected 3 tab-separated fields (id, text, title), found "
+                                 f"{len(row)}")
+        continue
+      yield line_no, {"id": row[0], "text": row[1], "title": row[2]}
+
+
+def corpus_format(path: PathLike) -> str:
+  """'dpr_tsv' for a .tsv file, else 'jsonl' (FlashRAG {id, contents} or {title, text})."""
+  return "dpr_tsv" if str(path).lower().endswith(".tsv") else "jsonl"
+
+
+def iter_corpus(name_or_path: PathLike, skip_invalid: bool = False,
+                report: Optional[LoadReport] = None,
+                with_lines: bool = False) -> Iterator[CorpusRecord]:
+  """Streams a passage corpus one `CorpusRecord` at a time (nothing is held per passage).
+
+  Three layouts: `{title, text}` JSONL (HippoRAG; id = the record's 0-based row, like FlashRAG's
+  row ids, unless it has an `id`), `{id, contents}` JSONL with contents '"Title"\\ntext'
+  (FlashRAG / Search-R1's wiki-18), and DPR's TSV (`id<TAB>text<TAB>title`, with a header). A
+  malformed row raises a `DataError` naming file, line and field; with `skip_invalid` it is
+  skipped and counted in `report`. `with_lines`: yields (1-based file line, record).
+  """
+  report = LoadReport() if report is None else report
+  path = corpus_path(name_or_path)
+  if corpus_format(path) == "dpr_tsv":
+    report.path = str(path)
+    for line_no, rec in _read_dpr_tsv(path, report):
+      try:
+        if isinstance(rec, DataError):
+          raise rec
+        out = _parse_corpus_record(rec, _Where(path, line_no, report.num_records - 1, report))
+      except DataError as e:
+        if not skip_invalid:
+          raise
+        report.num_skipped += 1
+        report.errors.append(str(e))
+        continue
+      report.num_loaded += 1
+      yield (line_no, out) if with_lines else out
+    if report.num_skipped:
+      log.warning("%s: skipped %d malformed of %d records (first: %s)", path,
+                  report.num_skipped, report.num_records, report.errors[0])
+    return
+  yield from _iter_parsed(path, _parse_corpus_record, skip_invalid, report, with_lines)
+
+
 def load_corpus(name_or_path: PathLike, skip_invalid: bool = False,
                 return_report: bool = False):
-  """Loads a passage corpus as `list[CorpusRecord]` (or `(records, report)`).
-
-  Two layouts: `{title, text}` (HippoRAG; id = the record's 0-based row, like FlashRAG's row
-  ids, unless it has an `id`), and `{id, contents}` with contents '"Title"\\ntext' (FlashRAG).
-  """
+  """Loads a passage corpus as `list[CorpusRecord]` (or `(records, report)`); the layouts are
+  `iter_corpus`'s. At Wikipedia scale build a passage store instead (`retrieval.store`)."""
   report = LoadReport()
-  records = list(_iter_parsed(corpus_path(name_or_path), _parse_corpus_record, skip_invalid,
-                              report))
+  records = list(iter_corpus(name_or_path, skip_invalid, report))
   return (records, report) if return_report else records
 
 

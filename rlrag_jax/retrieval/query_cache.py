@@ -22,7 +22,7 @@ class QueryEmbeddings:
     if todo:
       if len(self.cache) + len(todo) > self.max_size:
         self.cache.clear()
-      for q, e in zip(todo, self.encoder.encode(todo, batch_size=self.batch_size)):
+      for q, e in zip(todo, self.encoder.encode_queries(todo, batch_size=self.batch_size)):
         self.cache[q] = e
       self.encoded += len(todo)
     if not queries:

@@ -22,10 +22,14 @@ def _saved(tmp_path, config, drop):
 
 def test_an_old_executor_config_gains_the_keys_added_since(tmp_path):
   run = _saved(tmp_path, apex_executor.get_config(""),
-               ["apex.max_passage_words", "model.thinking", "sft.epochs"])
+               ["apex.max_passage_words", "model.thinking", "sft.epochs", "retrieval.url",
+                "retrieval.url_timeout_s", "retrieval.url_retries",
+                "retrieval.url_max_failure_rate", "retrieval.url_failure_window"])
   c = pipeline._run_config(run)
   s = settings.executor(c)
   assert s.max_passage_words == 0 and c.model.thinking is False and c.sft.epochs == 0.0
+  assert c.retrieval.url == ""                     # searched in process, as before the key
+  assert c.retrieval.url_failure_window == apex_executor.get_config("").retrieval.url_failure_window
 
 
 def test_an_old_planner_config_gains_the_keys_added_since(tmp_path):

@@ -97,6 +97,9 @@ class _TableEncoder:
     self.table = {k: np.asarray(v, float) / np.linalg.norm(v) for k, v in table.items()}
     self.calls = []
 
+  # queries and passages without prefixes, as the packaged MiniLM
+  encode_queries = encode_passages = property(lambda self: self.encode)
+
   def encode(self, texts, batch_size=64):
     self.calls.append(list(texts))
     return np.stack([self.table[t] for t in texts])

@@ -16,6 +16,9 @@ class CountingEncoder:
   def __init__(self, inner):
     self.inner, self.calls = inner, 0
 
+  # queries and passages without prefixes, as the packaged MiniLM
+  encode_queries = encode_passages = property(lambda self: self.encode)
+
   def encode(self, texts, batch_size=64):
     self.calls += 1
     return self.inner.encode(texts, batch_size=batch_size)

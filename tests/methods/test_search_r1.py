@@ -140,9 +140,10 @@ def test_open_domain_presets_refuse_to_start_without_a_corpus(make, preset, name
   assert len(found) == 1
   for word in names + config_check.CORPUS_KEYS:
     assert word in found[0]
-  for key in ("corpus", "index", "url"):
+  for key, value in (("corpus", "wiki18"), ("index", "/some/index"),
+                     ("url", "http://127.0.0.1:8000")):
     c = make(preset)
-    c.retrieval[key] = "wiki18" if key == "corpus" else "/somewhere"
+    c.retrieval[key] = value
     assert config_check.problems(c) == []
 
 
@@ -264,3 +265,89 @@ def test_a_missing_evaluation_set_is_listed_in_its_place(tmp_path, monkeypatch, 
   lines = report.format_report(rows, names, missing).splitlines()
   order = [x.split()[0] for x in lines[2:2 + len(names)]]
   assert order == list(report.DATASETS) and "missing" in lines[2 + names.index("popqa")]
+
+
+# ----------------------------------------------------------------------------- the task
+
+
+class _HashEncoder:
+  """Unit-norm sum of per-word random vectors (seeded by crc32 of the lower-cased word)."""
+  dim = 32
+  id = "hash-bow@search_r1-test"
+
+  def encode(self, texts, batch_size=64):
+    import re
+    import zlib
+    del batch_size
+    out = np.zeros((len(texts), self.dim), np.float32)
+    for i, t in enumerate(texts):
+      for w in re.findall(r"\w+", str(t).lower()):
+        out[i] += np.random.default_rng(zlib.crc32(w.encode())).standard_normal(self.dim)
+    return out / np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-9)
+
+  encode_queries = encode_passages = property(lambda self: self.encode)
+
+
+@pytest.fixture(scope="module")
+def world_task(tmp_path_factory):
+  from rlrag_jax.methods.search_r1 import task as task_lib
+  c = search_r1.get_config("")
+  c.workdir = str(tmp_path_factory.mktemp("search_r1"))
+  c.data.world = dict(seed=0, num_countries=6, num_cities=20, num_people=80, num_orgs=30,
+                      num_films=40, num_books=40, num_questions=80)
+  c.data.max_eval = 8
+  c.model.vocab_size = 600
+  return task_lib.SearchR1Task(c, encoder=_HashEncoder())
+
+
+def _numpy_top(task, query, k):
+  """The top-k passage ids by plain numpy cosine over the task's corpus (the reference)."""
+  enc = _HashEncoder()
+  scores = enc.encode([r.title + " " + r.text for r in task.corpus]) @ enc.encode([query])[0]
+  return [task.corpus[i].id for i in np.argsort(-scores, kind="stable")[:k]]
+
+
+def test_sft_targets_search_each_gold_step_with_the_observations_masked(world_task):
+  t = world_task
+  ex = next(e for e in t.train if len(e.decomposition) == 2)
+  ids, mask = t.sft_target_ids(ex), t.sft_loss_mask(ex)
+  assert len(ids) == len(mask) and ids[-1] == t.tokenizer.eos_token_id
+  text = t.tokenizer.decode(ids, skip_special_tokens=True)
+  assert text.count("<search>") == 2 and text.count("<information>") == 2
+  assert rewards.reward(text, ex.answers)["total"] == 1.0      # the demonstration is right
+  masked = t.tokenizer.decode([i for i, m in zip(ids, mask) if m == 0])
+  assert masked.count("<information>") == 2 and "<search>" not in masked
+  assert "<answer>" not in masked
+
+
+def test_env_answers_a_search_and_ends_an_answer(world_task):
+  from rlrag_jax.methods.search_r1 import task as task_lib
+  q = world_task.corpus[3].title
+  out = task_lib._Env(world_task).batch(   # pylint: disable=protected-access
+      [0, 1, 2], ["", "", ""], [f"<think> x </think>\n<search> {q} </search>",
+                                "<think> x </think>\n<answer> y </answer>",
+                                "<search>  </search>"])
+  assert out[1] is None and out[2] is None
+  assert out[0].info == {"query": q, "ids": _numpy_top(world_task, q, world_task.tool.top_k)}
+  assert out[0].text.startswith("\n\n<information>Doc 1(Title: \"")
+  assert out[0].tail == "</information>\n\n"
+
+
+def test_with_retrieval_url_the_passages_come_from_the_server(world_task):
+  """Search-R1's own retrieval protocol: a server of the same index gives the same hits."""
+  from serve_helpers import serving
+  from rlrag_jax.retrieval import Retriever, serve
+  t = world_task
+  index = serve.LoadedIndex(Retriever.load(t.index_dir, t.encoder),
+                            {"n": len(t.corpus), "encoder": t.encoder.id, "backend": "exact"})
+  queries = [r.title for r in t.corpus[:5]]
+  with serving(serve.create_app(index)) as url:
+    c = search_r1.get_config("")
+    c.update(t.config)
+    c.retrieval.url = url
+    from rlrag_jax.methods.search_r1 import task as task_lib
+    remote = task_lib.SearchR1Task(c, encoder=_HashEncoder())
+    got, want = remote.retrieve(queries), t.retrieve(queries)
+    assert [[(h.id, h.title, h.text) for h in row] for row in got] == \
+        [[(h.id, h.title, h.text) for h in row] for row in want]
+    remote.retriever.close()

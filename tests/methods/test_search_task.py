@@ -36,6 +36,9 @@ class HashEncoder:
     n = np.linalg.norm(v)
     return v / n if n else v
 
+  # queries and passages without prefixes, as the packaged MiniLM
+  encode_queries = encode_passages = property(lambda self: self.encode)
+
   def encode(self, texts, batch_size=64):
     del batch_size
     return np.asarray([self.vector(t) for t in texts], np.float32).reshape(-1, self.dim)
@@ -219,6 +222,33 @@ def test_rollout_replays_gold_trajectories_with_the_retriever(task):
   n_turns = [len(_gold_turns(task, e)) for e in exs]
   assert [len(s) for s in policy.seen] == [sum(n > t for n in n_turns)
                                            for t in range(max(n_turns))]
+
+
+def test_with_retrieval_url_the_passages_and_sft_targets_come_from_the_server(task):
+  """retrieval.url set: the agent's retrieve and the observations of its SFT targets come from
+  a server of the same index (over real HTTP on 127.0.0.1), exactly as in process."""
+  from serve_helpers import serving
+  from rlrag_jax.retrieval import Retriever, serve
+  from rlrag_jax.retrieval.client import RemoteRetriever
+  index = serve.LoadedIndex(Retriever.load(task._index_dir, task.encoder),  # pylint: disable=protected-access
+                            {"n": len(task.corpus), "encoder": task.encoder.id,
+                             "backend": "exact"})
+  exs = [e for e in task.train if not task.is_direct(e)][:4]
+  queries = sorted({q for e in exs for q in prompts.gold_queries(e) if q})
+  k = task.config.tool.top_k
+  with serving(serve.create_app(index)) as url:
+    c = _config(pathlib.Path(task.config.workdir))     # the same workdir: the tokenizer is reused
+    c.retrieval.url = url
+    remote = task_lib.SearchTask(c, encoder=HashEncoder())
+    assert isinstance(remote.retriever, RemoteRetriever)
+    got, want = remote.retrieve(queries, k), task.retrieve(queries, k)
+    assert [[(h.id, h.title, h.text) for h in row] for row in got] == \
+        [[(h.id, h.title, h.text) for h in row] for row in want]
+    assert [h.score for row in got for h in row] == pytest.approx(
+        [h.score for row in want for h in row], abs=1e-5)
+    assert [remote.sft_target(e) for e in exs] == [task.sft_target(e) for e in exs]
+    assert remote.retriever.monitor.failures == 0
+    remote.retriever.close()
 
 
 def test_env_returns_none_for_a_missing_query(task):

@@ -101,6 +101,9 @@ class HashEncoder:
   def __init__(self):
     self.calls = 0
 
+  # queries and passages without prefixes, as the packaged MiniLM
+  encode_queries = encode_passages = property(lambda self: self.encode)
+
   def encode(self, texts, batch_size=64):
     self.calls += 1
     out = np.zeros((len(texts), self.dim), np.float32)

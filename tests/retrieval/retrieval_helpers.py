@@ -53,6 +53,12 @@ class HashEncoder:
       out[i] /= max(np.linalg.norm(out[i]), 1e-12)
     return out
 
+  encode_queries = encode_passages = encode
+
+  def conventions(self):
+    return {"pooling": "bag-of-words", "normalize": True, "query_prefix": "",
+            "passage_prefix": ""}
+
 
 def random_unit(n, d, seed):
   x = np.random.default_rng(seed).standard_normal((n, d)).astype(np.float32)

@@ -24,7 +24,8 @@ def _corpus():
 
 def _config(tmp_path, backend, **retrieval):
   c = ml_collections.ConfigDict(dict(method="t", workdir=str(tmp_path), retrieval=dict(
-      backend=backend, corpus="", encoder_path="", cache_dir="")))
+      backend=backend, corpus="", index="", encoder_path="", pooling="", query_prefix="auto",
+      passage_prefix="auto", cache_dir="", url="")))
   c.retrieval.update(retrieval)
   return c
 
@@ -44,8 +45,9 @@ def test_the_threshold_selects_brute_force_or_partitioned_and_keys_the_cache(tmp
   assert said[1][0] == "INFO" and said[1][1].startswith(
       f"ScaNN partitioned (N={N} >= brute_force_below=100): 28 leaves, 7 searched")
   for folder, mode in ((brute_dir, "brute_force"), (part_dir, "partitioned")):
-    assert json.loads((folder / "built_by.json").read_text())["index_mode"] == mode
-    assert json.loads((folder / "manifest.json").read_text())["index_mode"] == mode
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert manifest["index_mode"] == mode and manifest["built_by"] == {"corpus": "selection",
+                                                                       "n": N}
   # the cache hit loads the partitioned index back, and says so again
   caplog.clear()
   with caplog.at_level(logging.INFO, logger="rlrag_jax.retrieval"):

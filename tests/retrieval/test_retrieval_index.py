@@ -96,7 +96,7 @@ def test_scann_partitioned_below_the_default_threshold_is_approximate_with_high_
   said = [r for r in caplog.records if "ScaNN" in r.getMessage()]
   assert [(r.levelno, r.getMessage()) for r in said] == [
       (logging.INFO, "ScaNN partitioned (N=3000 >= brute_force_below=1000): 55 leaves, 14 "
-       "searched, AH 2 dims/block, reorder_k=200, trained on 3000")]
+       "searched, AH 2 dims/block, reorder_k=200 over float32, trained on 3000")]
   _, found = index.search(q, 10)
   _, truth = ExactIndex(db).search(q, 10)
   same_rows = float(np.mean(np.all(found == truth, axis=1)))

@@ -187,22 +187,46 @@ def test_refuses_dimension_mismatch(saved):
   # a consistent-looking folder whose embeddings have the wrong width
   np.save(saved / "embeddings.npy", random_unit(N, D + 1, 0))
   m = _manifest(saved)
-  from rlrag_jax.retrieval.retriever import _sha256
-  m["files"]["embeddings.npy"] = _sha256(saved / "embeddings.npy")
+  from rlrag_jax.retrieval.retriever import file_digest
+  m["files"]["embeddings.npy"] = file_digest(saved / "embeddings.npy")
   _write_manifest(saved, m)
   with pytest.raises(RetrieverFormatError, match=rf"embeddings\.npy: expected float32 \[{N}, {D}\]"):
     Retriever.load(saved)
 
 
 def test_refuses_corpus_count_mismatch(saved):
-  p = saved / "corpus.jsonl"
-  p.write_text("".join(p.read_text().splitlines(keepends=True)[:-1]))
+  from rlrag_jax.retrieval import store as store_lib
+  store_lib.write_records(_corpus(N - 1), saved / "store")
   m = _manifest(saved)
-  from rlrag_jax.retrieval.retriever import _sha256
-  m["files"]["corpus.jsonl"] = _sha256(p)
+  from rlrag_jax.retrieval.retriever import file_digest
+  for name in list(m["files"]):
+    if name.startswith("store/"):
+      m["files"][name] = file_digest(saved / name)
   _write_manifest(saved, m)
-  with pytest.raises(RetrieverFormatError, match=rf"corpus\.jsonl: {N - 1} records.*'n' says {N}"):
+  with pytest.raises(RetrieverFormatError, match=rf"store: {N - 1} passages.*'n' says {N}"):
     Retriever.load(saved)
+
+
+def test_refuses_an_encoder_of_other_conventions(tmp_path):
+  Retriever.build(_corpus(20), HashEncoder(D), backend="exact").save(tmp_path)
+  enc = HashEncoder(D)
+  enc.conventions = lambda: {"pooling": "bag-of-words", "normalize": True,
+                             "query_prefix": "query: ", "passage_prefix": ""}
+  with pytest.raises(RetrieverFormatError,
+                     match=r"manifest\.json: field 'conventions.query_prefix' is ''.*'query: '"):
+    Retriever.load(tmp_path, enc)
+  assert len(Retriever.load(tmp_path, HashEncoder(D))) == 20
+
+
+def test_a_store_backed_retriever_equals_the_list_backed_one(saved, vectors):
+  db, q = vectors
+  loaded = Retriever.load(saved)
+  assert loaded.records.__class__.__name__ == "PassageStore"
+  assert loaded.record_of("p17") == _corpus()[17] and loaded.record_of("nope") is None
+  ref = Retriever.from_embeddings(_corpus(), db, "exact")
+  exclude = [{"p1", "p2"}] * len(q)
+  assert _ids(loaded.search_embeddings(q, 5, exclude)) == _ids(ref.search_embeddings(q, 5,
+                                                                                     exclude))
 
 
 # ------------------------------------------------------------------------------- real corpus

@@ -188,6 +188,7 @@ class ExecutorTask(Task):
     self.corpus = from_config.corpus_for(config, sel)
     self.encoder, self.retriever, _ = from_config.retriever_for(config, self.corpus, encoder)
     self._embed = QueryEmbeddings(self.encoder)
+    self.remote = bool(config.retrieval.url)    # retrieval as a service
     self._traces = self._calls = None
     self.kept = self.dropped = 0
     from rlrag_jax.data.tokenizer import tokenizer_for
@@ -197,9 +198,12 @@ class ExecutorTask(Task):
 
   # ---------------------------------------------------------------- retrieval
   def search(self, queries: Sequence[str]) -> list:
-    """Per query its top `apex.top_k` Hits (query embeddings cached by text)."""
+    """Per query its top `apex.top_k` Hits (query embeddings cached by text); with
+    `retrieval.url` set, the server's Hits (its ids, titles and texts)."""
     if not queries:
       return []
+    if self.remote:
+      return self.retriever.search(list(queries), self.top_k)
     return self.retriever.search_embeddings(self._embed(queries), self.top_k)
 
   # ---------------------------------------------------------------- prompts and SFT data

@@ -113,13 +113,14 @@ class SearchTask(Task):
     self.encoder, self.retriever, self._index_dir = from_config.retriever_for(
         config, self.corpus, encoder)
     self._embed = QueryEmbeddings(self.encoder)
+    self.remote = bool(config.retrieval.url)    # retrieval as a service
     if self.train:
       n_known = sum(len(v) for v in self._known.values())
       n_steps = sum(len(prompts._searched_steps(e)) for e in self.train)  # pylint: disable=protected-access
       n_direct = sum(self.is_direct(e) for e in self.train)
       log.info("search: %d train / %d eval examples, %d passages; SFT targets recall %.1f%% of "
                "the gold steps, %.1f%% of the examples are structure A", len(self.train),
-               len(self.eval), len(self.retriever), 100 * n_known / max(n_steps, 1),
+               len(self.eval), len(self.corpus), 100 * n_known / max(n_steps, 1),
                100 * n_direct / len(self.train))
 
   # ---------------------------------------------------------------- retrieval
@@ -128,9 +129,12 @@ class SearchTask(Task):
     return self._embed(queries)
 
   def retrieve(self, queries: Sequence[str], k: int) -> list:
-    """Per query a list of k `Hit`s."""
+    """Per query a list of k `Hit`s. With `retrieval.url` set they come from that server (its
+    ids, titles and texts); r_s still embeds the queries here (`embed`)."""
     if not queries:
       return []
+    if self.remote:
+      return self.retriever.search(list(queries), k)
     return self.retriever.search_embeddings(self.embed(list(queries)), k)
 
   # ---------------------------------------------------------------- prompts
@@ -186,6 +190,12 @@ class SearchTask(Task):
     examples = [e for e in examples if not self.is_direct(e)]
     wanted = sorted({q for e in examples for q in prompts.gold_queries(e) if q})
     k = int(self.config.tool.top_k)
+    if self.remote:      # the server's hits as they are (its index may change: no file cache)
+      hits = dict(zip(wanted, self.retrieve(wanted, k))) if wanted else {}
+      for e in examples:
+        self._gold[e.id] = prompts.gold_pieces(e, lambda q: prompts.format_observation(hits[q]),
+                                               self.known_steps(e))
+      return
     cache = self._index_dir / f"gold_hits_top{k}.json"
     known = json.loads(cache.read_text()) if cache.exists() else {}
     todo = [q for q in wanted if q not in known]
@@ -193,9 +203,7 @@ class SearchTask(Task):
       for q, h in zip(todo, self.retrieve(todo, k)):
         known[q] = [x.id for x in h]
       cache.write_text(json.dumps(known))
-    rec = self.retriever.records
-    row = {r.id: r for r in rec}
-    hits = {q: [row[i] for i in known[q]] for q in wanted}
+    hits = {q: [self.retriever.record_of(i) for i in known[q]] for q in wanted}
     for e in examples:
       self._gold[e.id] = prompts.gold_pieces(e, lambda q: prompts.format_observation(hits[q]),
                                              self.known_steps(e))

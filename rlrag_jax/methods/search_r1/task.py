@@ -2,8 +2,8 @@
 corpus, the exact-match reward, and an evaluation report beside the published rows.
 
 Rollout. `rollout.run_tool_loop` with `_Env`: a turn ends at '</search>', '</answer>' or EOS;
-after '</search>' the query is embedded (the shared encoder) and the top `tool.top_k` passages
-come back as `\\n\\n<information>Doc 1(Title: ...) ...</information>\\n\\n` (loss mask 0: the
+after '</search>' the query is embedded (the shared encoder; or sent to the `retrieval.url`
+server, Search-R1's own retrieval protocol) and the top `tool.top_k` passages come back as `\\n\\n<information>Doc 1(Title: ...) ...</information>\\n\\n` (loss mask 0: the
 retrieved tokens are masked out of the loss, at most `tool.max_obs_tokens` tokens, the closing
 tag kept); at most `tool.max_turns` searches and `tool.max_total_len` tokens an episode; an
 answer, EOS or a blank query ends it.
@@ -72,26 +72,34 @@ class SearchR1Task(Task):
     self.settings = settings.search_r1(config)
     sel, self.datasets, self.missing = _select(config, self.settings.eval_per_dataset)
     self.train, self.eval = list(sel.train), list(sel.eval)
-    self.corpus = from_config.corpus_for(config, sel)
+    # With retrieval.url the server holds the corpus: nothing local to pool or index (the
+    # passages a from-scratch tokenizer reads are the world's, where there is one).
+    self.remote = bool(config.retrieval.url)
+    self.corpus = list(sel.corpus) if self.remote else from_config.corpus_for(config, sel)
     from rlrag_jax.data.tokenizer import tokenizer_for
     self.tokenizer = tokenizer_for(config.model, config.workdir, self.tokenizer_texts,
                                    prompts.TAGS)
     self.use_chat = bool(config.model.chat_template and
                          getattr(self.tokenizer, "chat_template", None))
-    self.encoder, self.retriever, _ = from_config.retriever_for(config, self.corpus, encoder)
+    self.encoder, self.retriever, self.index_dir = from_config.retriever_for(
+        config, self.corpus, encoder)
     self._embed = QueryEmbeddings(self.encoder)
     self._gold = {}
-    log.info("search_r1: %d train / %d eval examples (%s), %d passages%s", len(self.train),
-             len(self.eval), ", ".join(self.datasets) or "none", len(self.retriever),
+    log.info("search_r1: %d train / %d eval examples (%s), passages from %s%s",
+             len(self.train), len(self.eval), ", ".join(self.datasets) or "none",
+             config.retrieval.url if self.remote else f"{len(self.corpus)} local passages",
              f"; missing: {', '.join(self.missing)}" if self.missing else "")
 
   # ---------------------------------------------------------------- retrieval
   def retrieve(self, queries: Sequence[str], k: Optional[int] = None) -> list:
-    """Per query a list of `Hit`s (top `tool.top_k`)."""
+    """Per query a list of `Hit`s (top `tool.top_k`): from the `retrieval.url` server (which
+    embeds the queries itself), else from the local index."""
     if not queries:
       return []
-    return self.retriever.search_embeddings(self._embed(list(queries)),
-                                            int(k or self.tool.top_k))
+    k = int(k or self.tool.top_k)
+    if self.remote:
+      return self.retriever.search(list(queries), k)
+    return self.retriever.search_embeddings(self._embed(list(queries)), k)
 
   # ---------------------------------------------------------------- prompts and SFT
   def prompt_ids(self, ex) -> list:
@@ -194,8 +202,10 @@ class SearchR1Task(Task):
   # ---------------------------------------------------------------- tokenizer data
   def tokenizer_texts(self):
     """Texts a from-scratch tokenizer is trained on: passages, prompts, demonstrations."""
-    for i in range(0, len(self.corpus), 2):
-      yield prompts.OBS_OPEN + prompts.format_docs(self.corpus[i:i + 2]) + prompts.OBS_CLOSE
+    n = len(self.corpus)
+    for i in range(0, n, 2):           # by row: a list or an index's passage store
+      docs = [self.corpus[j] for j in range(i, min(i + 2, n))]
+      yield prompts.OBS_OPEN + prompts.format_docs(docs) + prompts.OBS_CLOSE
     for ex in list(self.train) + list(self.eval):
       yield prompts.prompt(ex.question, self.config.data.prompt_style)
     for ex in self.train:

@@ -126,7 +126,12 @@ def main(argv: Optional[list] = None) -> int:
                       flag_values=fl)
   flags.DEFINE_integer("limit", 0, "at most this many new documents (0: all)", flag_values=fl)
   flags.DEFINE_integer("batch", 16, "documents per call", flag_values=fl)
-  fl(list(sys.argv if argv is None else argv))
+  args = list(sys.argv if argv is None else argv)
+  if any(a in ("-h", "--help", "-help") for a in args[1:]):   # a private FlagValues has none
+    print("usage: python -m rlrag_jax.methods.sparkle.extract_triples --config=... --out=FILE "
+          f"and --url/--model or --lm\n\n{fl.get_help()}")
+    return 0
+  fl(args)
   if fl.config is None or not fl.out or not (fl.url or fl.lm):
     print("usage: --config=... --out=FILE and --url/--model or --lm", file=sys.stderr)
     return 2

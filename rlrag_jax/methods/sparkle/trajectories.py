@@ -102,7 +102,12 @@ def main(argv: Optional[list] = None) -> int:
   flags.DEFINE_float("min_f1", 1.0, "a trajectory is kept when its answer F1 reaches this",
                      flag_values=fl)
   flags.DEFINE_integer("limit", 0, "at most this many new questions (0: all)", flag_values=fl)
-  fl(list(sys.argv if argv is None else argv))
+  args = list(sys.argv if argv is None else argv)
+  if any(a in ("-h", "--help", "-help") for a in args[1:]):   # a private FlagValues has none
+    print("usage: python -m rlrag_jax.methods.sparkle.trajectories --config=... --url=... "
+          f"--model=... --out=FILE\n\n{fl.get_help()}")
+    return 0
+  fl(args)
   if fl.config is None or not fl.out or not fl.url:
     print("usage: --config=... --url=... --model=... --out=FILE", file=sys.stderr)
     return 2
