@@ -8,7 +8,7 @@ frozen reader; PPO with a value model on binary tree rollouts with pruning and M
   python -m rlrag_jax.train --config=configs/sparkle.py:paper \\
       --config.model.path=/path/to/Qwen2.5-3B-Instruct \\
       --config.models.reader.path=/path/to/Qwen2.5-7B-Instruct --config.data.dir=/path/to/data \\
-      --config.retrieval.corpus=/path/to/psgs_w100.jsonl
+      --config.retrieval.corpus=/path/to/wiki-18.jsonl
 
 The reader thinks one step per call (`<think>…</think>`, then `<answer>…</answer>`); after each
 thought the proxy decides whether to retrieve, writes the chain, the need and a query, and picks
