@@ -348,6 +348,7 @@ def test_with_retrieval_url_the_passages_come_from_the_server(world_task):
     from rlrag_jax.methods.search_r1 import task as task_lib
     remote = task_lib.SearchR1Task(c, encoder=_HashEncoder())
     got, want = remote.retrieve(queries), t.retrieve(queries)
+    assert remote.monitors() == [remote.retriever.monitor] and t.monitors() == []
     assert [[(h.id, h.title, h.text) for h in row] for row in got] == \
         [[(h.id, h.title, h.text) for h in row] for row in want]
     remote.retriever.close()

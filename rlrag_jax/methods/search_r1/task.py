@@ -65,8 +65,8 @@ class SearchR1Task(Task):
   name = "search_r1"
 
   def __init__(self, config, *, encoder=None):
-    """`encoder` (.encode(texts, batch_size) -> unit rows, .dim, .id) replaces the packaged
-    MiniLM, e.g. in tests."""
+    """`encoder` (.encode_queries / .encode_passages(texts, batch_size) -> unit rows, .dim,
+    .id) replaces the one `retrieval.encoder_path` names, e.g. in tests."""
     self.config = config
     self.tool = settings.tool(config)
     self.settings = settings.search_r1(config)
@@ -192,6 +192,11 @@ class SearchR1Task(Task):
             "f1": metrics.f1(pred, answers) if pred is not None else 0.0,
             "answered": float(pred is not None),
             "searches": float(episode.info["searches"]), "prediction": pred or ""}
+
+  def monitors(self) -> list:
+    """The retrieval server's failure monitor when `retrieval.url` is set (its calls and
+    failures are logged per RL step and evaluation; too many stop the run)."""
+    return [self.retriever.monitor] if self.remote else []
 
   def eval_report(self, result: dict) -> str:
     """EM per dataset with intervals, the average, the published row (`search_r1.published`),
