@@ -63,9 +63,10 @@ def corpus_for(config, selection):
       if key not in seen:
         seen.add(key)
         out.append(CorpusRecord(id=f"p{len(out)}", title=c.title, text=c.text))
-  if not out:
-    raise ValueError(f"{config.method}: no retrieval corpus: set config key 'retrieval.corpus' "
-                     "(the examples carry no contexts to build one from)")
+  if not out and not config.retrieval.url:   # with a server, its corpus is searched remotely
+    raise ValueError(f"{config.method}: no retrieval corpus: set config key 'retrieval.corpus', "
+                     "'retrieval.index' or 'retrieval.url' (the examples carry no contexts to "
+                     "build one from)")
   return out
 
 
