@@ -58,12 +58,19 @@ def test_summary_by_hand(tmp_path):
   assert em["gain_ci_t"] == pytest.approx((0.25, 0.25, 0.25))
   assert em["gain_ci_hier"] == seeds.hierarchical_bootstrap(
       [[1, 0, 0, 0], [1, 0, 0, 0], [0, 0, 1, 0]], 200)
+  # crossed: the same four questions under every seed, paired by id
+  assert em["gain_ci_crossed"] == seeds.crossed_bootstrap(
+      [{"q0": 1, "q1": 0, "q2": 0, "q3": 0}, {"q0": 1, "q1": 0, "q2": 0, "q3": 0},
+       {"q0": 0, "q1": 0, "q2": 1, "q3": 0}], 200)
   assert em["gain_claim"] == "includes 0"                # 4 examples a seed: wide bootstrap
+  assert em["gain_p"] == 0.0                             # 0.25 on every seed: no spread
   assert st["minutes"] == pytest.approx((3.0, 1.0))
   text = seeds.write_markdown(seeds.summarise(runs, 200), tmp_path / "s.md", "t")
   assert "| em | 0.500 ± 0.250 | 0.750 ± 0.250 | 0.250 ± 0.000 |" in text
   lo, hi = em["gain_ci_hier"][1:]
-  assert (f"| [{lo:+.3f}, {hi:+.3f}] | [+0.250, +0.250] | includes 0 | yes |") in text
+  clo, chi = em["gain_ci_crossed"][1:]
+  assert (f"| [{lo:+.3f}, {hi:+.3f}] | [{clo:+.3f}, {chi:+.3f}] | [+0.250, +0.250] | includes 0 "
+          "| <0.0001 | – | yes |") in text
 
 
 def test_cli_resumes_compares_arms_and_writes_outputs(tmp_path, monkeypatch):
@@ -209,8 +216,10 @@ def test_mid_run_points_pair_against_a_stage_boundary(tmp_path):
   first = seeds.load_run(wd, "warmup", "rl10")
   second = seeds.load_run(wd, "rl10", "final")
   assert first["after"]["em"] == 0.25 and second["before"]["em"] == 0.25
-  assert seeds.pair_rows(first["rows"]["before"], first["rows"]["after"], "em") == [0, 1, 0, -1]
-  assert seeds.pair_rows(second["rows"]["before"], second["rows"]["after"], "em") == [1, 0, 0, 1]
+  assert seeds.pair_rows(first["rows"]["before"], first["rows"]["after"], "em") == {
+      "q0": 0, "q1": 1, "q2": 0, "q3": -1}
+  assert seeds.pair_rows(second["rows"]["before"], second["rows"]["after"], "em") == {
+      "q0": 1, "q1": 0, "q2": 0, "q3": 1}
   text = seeds.write_markdown(seeds.summarise({"main": {0: second}}, 100), tmp_path / "m.md",
                               "t", "rl10", "final")
   assert "| metric | after 10 RL steps | after RL |" in text
