@@ -600,8 +600,10 @@ def resummarise(source: pathlib.Path, out: pathlib.Path, name: str,
   return summarise_record(json.loads(source.read_text()), out, name, resamples)
 
 
-def summarise_record(record: dict, out: pathlib.Path, name: str, resamples: int = 2000) -> str:
-  """`resummarise` on a record already read (or merged, `merge_records`)."""
+def summarise_record(record: dict, out: pathlib.Path, name: str, resamples: int = 2000,
+                     plot: bool = True) -> str:
+  """`resummarise` on a record already read (or merged, `merge_records`); `plot=False` leaves
+  the png alone."""
   runs = {arm: {int(s): r for s, r in by.items()} for arm, by in record["runs"].items()}
   old = record.get("summary", {})
   summary = summarise(runs, resamples)
@@ -614,7 +616,7 @@ def summarise_record(record: dict, out: pathlib.Path, name: str, resamples: int 
   record["summary"] = add_holm(summary)
   out.mkdir(parents=True, exist_ok=True)
   text = write_outputs(record, out, name)
-  if record.get("plot"):
+  if plot and record.get("plot"):
     plot_series(record["plot"]["series"], out / f"{name}.png", record["plot"]["metrics"])
   return text
 

@@ -48,7 +48,7 @@ LABELS = {"naive_rag": "naive RAG", "no_planning": "no planning", "plan_sft": "p
 
 
 def define_flags() -> None:
-  global _PLANNER, _EXECUTOR, _EXEC_BASE, _SFT_STEP, _CONFIG, _DATA, _N, _OUT, _CELLS, _AGG
+  global _PLANNER, _EXECUTOR, _EXEC_BASE, _SFT_STEP, _CONFIG, _DATA, _N, _OUT, _CELLS, _AGG, _NOTES
   _PLANNER = flags.DEFINE_string("planner", None, "planner training run directory")
   _EXECUTOR = flags.DEFINE_string("executor", None, "executor run directory or HF checkpoint")
   _EXEC_BASE = flags.DEFINE_string("executor_base", "", "an untrained (instruct) checkpoint for "
@@ -67,7 +67,9 @@ def define_flags() -> None:
                              "switches: planning on/off = plan_* / no_planning, planner RL on/off "
                              "= plan_rl / plan_sft; exec SFT off with --executor_base)")
   _AGG = flags.DEFINE_string("aggregate", "", "comma-separated pipeline output folders (one per "
-                             "seed) to summarise instead of running")
+                             "seed) or their summary .json files to summarise instead of running")
+  _NOTES = flags.DEFINE_string("notes", "", "with --aggregate: a markdown file placed under the "
+                               "title (how the table came about)")
 
 
 # ------------------------------------------------------------------------------ loading
@@ -318,12 +320,14 @@ def format_report(result: dict) -> str:
 
 
 # ------------------------------------------------------------------------------ over seeds
-def aggregate(dirs, out, resamples: int = 2000) -> dict:
+def aggregate(dirs, out, resamples: int = 2000, notes: str = "") -> dict:
   """Mean ± std over seeds per cell, and intervals of the EM differences plan_rl - naive_rag,
   plan_rl - no_planning, plan_rl - plan_sft and gold_plan - plan_rl, paired on (seed, question):
   pooled, hierarchical, crossed (when the summaries carry the question ids) and t over seeds
   (`rlrag_jax.metrics.seed_intervals`), with the t test's p-value and Holm's correction over the
-  four. A dir is a pipeline output folder or its summary .json (a committed copy)."""
+  four. A dir is a pipeline output folder or its summary .json (a committed copy). `notes`
+  (markdown: how the table came about, e.g. seeds added after a first result) follows the
+  title."""
   from rlrag_jax.metrics import holm, seed_intervals
   paths = [pathlib.Path(d) if str(d).endswith(".json") else pathlib.Path(d) / "summary.json"
            for d in dirs]
@@ -352,7 +356,10 @@ def aggregate(dirs, out, resamples: int = 2000) -> dict:
                              "claim": iv["claim"], "per_seed": iv["per_seed"]}
   for v, mark in zip(diffs.values(), holm([v["p"] for v in diffs.values()])):
     v["holm"] = bool(mark)
-  lines = [f"APEX pipeline over {len(runs)} seeds ({', '.join(map(str, dirs))})", "",
+  lines = [f"APEX pipeline over {len(runs)} seeds ({', '.join(map(str, dirs))})", ""]
+  if notes.strip():
+    lines += [notes.strip(), ""]
+  lines += [
            "| cell | EM | F1 | retrievals | plan SEPR |", "|---|---|---|---|---|"]
   fmt = lambda t: f"{t[0]:.3f} ± {t[1]:.3f}" if t else ""
   for c in cells:
@@ -410,7 +417,8 @@ def main(argv) -> int:
     print("pipeline: --out is required", file=sys.stderr)
     return 2
   if _AGG.value:
-    print(aggregate([d for d in _AGG.value.split(",") if d], _OUT.value)["text"])
+    notes = pathlib.Path(_NOTES.value).read_text() if _NOTES.value else ""
+    print(aggregate([d for d in _AGG.value.split(",") if d], _OUT.value, notes=notes)["text"])
     return 0
   if not (_PLANNER.value and _EXECUTOR.value):
     print("pipeline: --planner and --executor are required (or --aggregate)", file=sys.stderr)
