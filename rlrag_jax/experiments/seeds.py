@@ -22,17 +22,24 @@ checked: it is reused (finished) or resumed with a warning.
 
 Outputs:
   DIR/seeds.json  per arm and seed: warm-up (before RL) and after-RL metrics, wall minutes,
-                  per-example correctness (the trainer's eval_rows.json), the plotted curves,
-                  and the summary below;
+                  per-example correctness (the trainer's eval_rows.json), the code versions
+                  the run's starts recorded (`run_code`: git commit and dirty flag), the
+                  plotted curves, the harness's own code version, optional `notes` (how the
+                  table came about, printed in seeds.md), and the summary below;
   DIR/seeds.md    per metric: warm-up and after-RL mean ± std over seeds, the gain (after - before)
-                  with its std over seeds, and three 95% intervals of the mean gain
+                  with its std over seeds, and four 95% intervals of the mean gain
                   (`rlrag_jax.metrics`, `--resamples` bootstrap resamples): pooled, a paired
                   bootstrap with each (seed, example) pair one unit (leaves out seed-to-seed
                   variance); hierarchical, seeds resampled, then examples within each drawn
-                  seed; t, Student-t over the per-seed mean gains. 'vs 0' says whether both
-                  seed-aware intervals exclude 0 (with 3 seeds the hierarchical one cannot leave
-                  the per-seed range). With two arms, also the after-RL difference B - A, paired
-                  on (seed, example), with the same intervals;
+                  seed separately; crossed, seeds resampled and one example draw shared by the
+                  drawn seeds (examples paired by id: every seed evaluates the same ones); t,
+                  Student-t over the per-seed mean gains. 'vs 0' says whether the three
+                  seed-aware intervals all exclude 0 (a bootstrap's seed part is too narrow at
+                  few seeds, though the example draws let it leave the per-seed range). Then
+                  the t test's p-value and whether it survives Holm's correction over every
+                  outcome the table tests (`add_holm`; the count heads the table). With two
+                  arms, also the after-RL difference B - A, paired on (seed, example), with the
+                  same intervals;
   DIR/seeds.png   each metric's curve over training steps per seed (thin), the mean bold.
                   `--plot` picks them: evaluation metrics, or any RL training metric (kl,
                   reward/total, vf/explained_variance, ...).
