@@ -24,8 +24,8 @@ Presets (`get_config(arg)`):
                still 4 layers (13.3M params against 0.98M);
              - bf16 compute over float32 master params (model.dtype);
              - 7x the RL samples a step: 56 prompts x 8 = 448 (CPU 8 x 8), the same 150
-               steps: steps x SNR 3.5 at the default (docs/results/README.md, "Gradient
-               noise"), about 24 here;
+               steps (the default's measured steps x SNR, 3.5, is withdrawn: its RL gradient
+               was a scaled SFT one, docs/results/README.md, "Gradient noise");
              - lr SFT 1.5e-3 (CPU 3e-3) and RL 5e-5 (CPU 1e-4): scaled by 1/sqrt(width ratio
                4), between the standard parametrisation (same lr: a 4x wider model's function
                moves further per Adam step) and muP's 1/width; ours, to be tuned on a GPU. The

@@ -7,8 +7,10 @@
                               "starts": one entry per start: time, resume, status
                               ('new' | 'same' | 'unchecked' | 'forced'), fingerprint, the host
                               (`host()`: CPU and its vector instructions, cores, jax, XLA_FLAGS,
-                              device), and for a forced start the differing keys with old and
-                              new values}
+                              device), the code (`code_version()`: git commit and whether
+                              the tree had uncommitted changes), and for a forced start the
+                              differing keys with old and new values},
+                              "code": the code version of the latest start}
 
 The fingerprint is a SHA-256 over the resolved config's items (dotted keys and their JSON
 values, sorted) except those under EXCLUDED: keys that say where a run is stored, placed or
@@ -23,6 +25,12 @@ fingerprint is a `ConfigMismatch` naming the differing keys, unless `force`, whi
 forced start and makes the new config the directory's. A directory made before fingerprints is
 accepted with a warning that it cannot be checked, and its fingerprint is recorded from then on.
 `experiments.seeds` compares a finished run's fingerprint with the one its flags give now.
+
+The code version is part of a run's identity but kept beside the config hash, not in it: a
+commit that does not touch what a run computes (a docs change, a new method) would otherwise
+make every finished run stale. `check` compares it (`Check.code_differs`); a resume into a run
+made by other code is let through with a warning, and `experiments.seeds` warns before reusing
+a finished run made by other code (or by a dirty tree, or before code versions were recorded).
 """
 from __future__ import annotations
 
@@ -71,6 +79,55 @@ class Check:
   config: dict                 # this config, resolved
   recorded: Optional[dict] = None       # the directory's fingerprint.json
   differs: dict = dataclasses.field(default_factory=dict)   # key -> (recorded, this)
+  code: Optional[dict] = None           # this code's version (`code_version`)
+
+  @property
+  def recorded_code(self) -> Optional[dict]:
+    """The code version of the run's latest start; None when not recorded (older runs)."""
+    return (self.recorded or {}).get("code")
+
+  @property
+  def code_differs(self) -> bool:
+    """Whether a recorded run may have been made by other code than this: another commit, a
+    dirty tree on either side, or no code version recorded."""
+    return code_differs(self.recorded_code, self.code)
+
+
+def code_differs(recorded: Optional[dict], now: Optional[dict]) -> bool:
+  """Whether two code versions may differ: unknown or dirty on either side, or other commits."""
+  if not recorded or not now or not recorded.get("commit") or not now.get("commit"):
+    return True
+  return (recorded["commit"] != now["commit"] or bool(recorded.get("dirty"))
+          or bool(now.get("dirty")))
+
+
+def describe_code(code: Optional[dict]) -> str:
+  """'abc1234' or 'abc1234 (dirty)' or 'unrecorded'."""
+  if not code or not code.get("commit"):
+    return "unrecorded"
+  return code["commit"][:12] + (" (dirty)" if code.get("dirty") else "")
+
+
+_CODE_VERSION: Optional[dict] = None
+
+
+def code_version(refresh: bool = False) -> Optional[dict]:
+  """{'commit': the git HEAD of the checkout rlrag_jax is imported from, 'dirty': whether its
+  tracked files differ from it}, or None outside a git checkout (an installed copy). Read once
+  per process unless `refresh`."""
+  global _CODE_VERSION
+  if _CODE_VERSION is None or refresh:
+    import subprocess
+    root = pathlib.Path(__file__).resolve().parent.parent
+    try:
+      git = lambda *a: subprocess.run(["git", "-C", str(root), *a], capture_output=True,
+                                      text=True, timeout=30, check=True).stdout
+      commit = git("rev-parse", "HEAD").strip()
+      dirty = bool(git("status", "--porcelain", "--untracked-files=no").strip())
+      _CODE_VERSION = {"commit": commit, "dirty": dirty}
+    except (OSError, subprocess.SubprocessError):
+      _CODE_VERSION = {}
+  return dict(_CODE_VERSION) or None
 
 
 def resolved(config) -> dict:
@@ -140,13 +197,14 @@ def check(workdir, config) -> Check:
   cfg = resolved(config)
   fp = fingerprint(cfg)
   recorded = read(workdir)
+  code = code_version()
   if recorded is None:
-    return Check("unchecked" if has_run(workdir) else "new", fp, cfg)
+    return Check("unchecked" if has_run(workdir) else "new", fp, cfg, code=code)
   if recorded["fingerprint"] == fp:
-    return Check("same", fp, cfg, recorded)
+    return Check("same", fp, cfg, recorded, code=code)
   diff = differences(recorded["config"], cfg)
   changed = {k: v for k, v in diff.items() if _ABSENT not in v}
-  return Check("differs" if changed else "upgraded", fp, cfg, recorded, diff)
+  return Check("differs" if changed else "upgraded", fp, cfg, recorded, diff, code=code)
 
 
 def mismatch_message(workdir, c: Check) -> str:
@@ -162,6 +220,10 @@ def verify(workdir, config, *, force: bool = False) -> Check:
   """`check`, raising ConfigMismatch on a differing fingerprint unless `force`; warns about a
   directory that cannot be checked (made before fingerprints) or a forced start."""
   c = check(workdir, config)
+  if c.recorded is not None and c.code_differs:
+    log.warning("%s: the run there was made by code %s, this is %s: its results so far may "
+                "not be what this code computes", workdir, describe_code(c.recorded_code),
+                describe_code(c.code))
   if c.status == "differs":
     if not force:
       raise ConfigMismatch(mismatch_message(workdir, c))
@@ -222,7 +284,8 @@ def record(workdir, c: Check, *, resume: bool) -> None:
   p.mkdir(parents=True, exist_ok=True)
   status = "forced" if c.status == "differs" else c.status     # 'upgraded' keeps its name
   start: dict[str, Any] = {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "resume": bool(resume),
-                           "status": status, "fingerprint": c.fingerprint, "host": host()}
+                           "status": status, "fingerprint": c.fingerprint, "host": host(),
+                           "code": c.code}
   if c.differs:
     start["differs"] = {k: list(v) for k, v in c.differs.items()}
   starts = (c.recorded or {}).get("starts", []) + [start]
@@ -230,4 +293,4 @@ def record(workdir, c: Check, *, resume: bool) -> None:
     runlog.write_atomic(p / CONFIG_FILE, json.dumps(c.config, indent=2))
   runlog.write_atomic(p / FILE, json.dumps(
       {"fingerprint": c.fingerprint, "excluded": EXCLUDED, "config": c.config,
-       "starts": starts}, indent=1))
+       "starts": starts, "code": c.code}, indent=1))

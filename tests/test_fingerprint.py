@@ -151,3 +151,29 @@ def test_config_from_argv_resolves_as_the_train_command_does(tmp_path):
 def test_the_host_record_carries_the_xla_flags_it_ran_with(monkeypatch):
   monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_max_isa=AVX2")
   assert fingerprint.host()["xla_flags"] == "--xla_cpu_max_isa=AVX2"
+
+
+def test_each_start_records_the_code_version_and_a_resume_by_other_code_warns(tmp_path, caplog,
+                                                                               monkeypatch):
+  """The code (git commit, dirty flag) is recorded per start and for the run, beside the config
+  hash and not in it: the same config at another commit keeps its fingerprint, but resuming
+  the run there warns, naming both commits."""
+  import subprocess
+  head = subprocess.run(["git", "-C", str(fingerprint.pathlib.Path(fingerprint.__file__).parent),
+                         "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+  now = fingerprint.code_version(refresh=True)
+  assert now is None or now["commit"] == head            # None outside a git checkout
+  wd = tmp_path / "run"
+  monkeypatch.setattr(fingerprint, "_CODE_VERSION", {"commit": "a" * 40, "dirty": False})
+  fingerprint.record(wd, fingerprint.verify(wd, _config(wd)), resume=False)
+  rec = fingerprint.read(wd)
+  assert rec["code"] == rec["starts"][0]["code"] == {"commit": "a" * 40, "dirty": False}
+  with caplog.at_level(logging.WARNING, logger="rlrag_jax.fingerprint"):
+    assert not fingerprint.verify(wd, _config(wd)).code_differs        # same commit, clean
+    assert "made by code" not in caplog.text
+    monkeypatch.setattr(fingerprint, "_CODE_VERSION", {"commit": "b" * 40, "dirty": True})
+    c = fingerprint.verify(wd, _config(wd))
+  assert c.status == "same" and c.code_differs                # the config hash is unchanged
+  assert f"made by code {'a' * 12}, this is {'b' * 12} (dirty)" in caplog.text
+  assert fingerprint.code_differs({"commit": "a", "dirty": False}, {"commit": "a", "dirty": True})
+  assert fingerprint.code_differs(None, {"commit": "a", "dirty": False})

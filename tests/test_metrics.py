@@ -160,3 +160,99 @@ def test_stratified_bootstrap_averages_groups_equally():
   assert (mean, lo, hi) == (0.5, 0.5, 0.5)
   mean, lo, hi = metrics.stratified_bootstrap([[1.0] * 30, [0.0, 1.0] * 5, []], 2000)
   assert mean == 0.75 and lo < 0.75 < hi and lo >= 0.5 and hi <= 1.0
+
+
+def _tables(matrix, ids=None):
+  """One {question id: value} per row of a [seeds, questions] matrix."""
+  ids = ids if ids is not None else [f"q{j:03d}" for j in range(np.shape(matrix)[1])]
+  return [dict(zip(ids, map(float, row))) for row in matrix]
+
+
+def test_crossed_bootstrap_reduces_to_the_one_factor_bootstraps():
+  """No spread between seeds (every seed the same per-question values): each replicate is the
+  mean of one question draw, the question-only bootstrap of the per-question means, draw for
+  draw (questions are drawn first). One question per seed: each replicate is the mean of the
+  drawn seeds' values, the seeds-only bootstrap (a range of one consumes no random numbers)."""
+  x = np.random.default_rng(5).normal(0.1, 1.0, size=40)
+  for seed in (0, 4):
+    crossed = metrics.crossed_bootstrap(_tables([x] * 3), 500, seed)
+    assert crossed == pytest.approx(metrics.paired_bootstrap(x, 500, seed), rel=1e-12)
+  per_seed = [0.3, -0.1, 0.25, 0.05]
+  crossed = metrics.crossed_bootstrap([{"only": v} for v in per_seed], 500, 2)
+  assert crossed == pytest.approx(metrics.paired_bootstrap(per_seed, 500, 2), rel=1e-12)
+  assert np.isnan(metrics.crossed_bootstrap([{}, {}])[0])
+
+
+def test_crossed_bootstrap_against_a_replicate_by_replicate_loop():
+  """The vectorised replicates against a plain loop over the same draws, with a seed that
+  lacks two questions (it averages over the drawn questions it has) and ids that are not in
+  order: the questions are the sorted union of ids."""
+  ids = ["c", "a", "d", "b", "e"]
+  tables = [dict(zip(ids, [1.0, 0.0, 0.5, 0.0, 1.0])), dict(zip(ids, [0.0, 0.0, 1.0, 1.0, 0.0])),
+            {"a": 1.0, "b": 0.25, "e": -0.5}]
+  R, seed = 300, 11
+  got = metrics.crossed_bootstrap(tables, R, seed)
+  rng = np.random.default_rng(seed)
+  union = sorted(ids)
+  q_idx = rng.integers(0, len(union), size=(R, len(union)))
+  picks = rng.integers(0, len(tables), size=(R, len(tables)))
+  reps = []
+  for r in range(R):
+    drawn = [union[j] for j in q_idx[r]]
+    seed_means = []
+    for s in picks[r]:
+      vals = [tables[s][q] for q in drawn if q in tables[s]]
+      if vals:
+        seed_means.append(np.mean(vals))
+    reps.append(np.mean(seed_means))
+  assert got[0] == pytest.approx(np.mean([np.mean(list(t.values())) for t in tables]))
+  assert got[1:] == pytest.approx((np.percentile(reps, 2.5), np.percentile(reps, 97.5)))
+
+
+def test_crossed_bootstrap_counts_shared_question_difficulty_once():
+  """Seeds that are the same questions x shifted by constants c (a crossed design, as when
+  every seed evaluates the same held-out set): the mean over the drawn seeds and one shared
+  question draw has variance var(c) / S + var(x) / n; the hierarchical draw (questions drawn
+  anew per seed) gives var(c) / S + var(x) / (S n), too narrow by the question part. Same
+  tolerance argument as the hierarchical test above."""
+  rng = np.random.default_rng(0)
+  x = rng.normal(0.0, 1.0, size=50)
+  n, S, R = x.size, 16, 4000
+  width = lambda iv: iv[2] - iv[1]
+  shifts = np.linspace(-0.6, 0.6, S)
+  matrix = np.asarray([x + c for c in shifts])
+  crossed = metrics.crossed_bootstrap(_tables(matrix), R)
+  assert crossed[0] == pytest.approx(x.mean())
+  ref = 2 * 1.96 * np.sqrt(shifts.var() / S + x.var() / n)
+  assert width(crossed) == pytest.approx(ref, rel=0.05)
+  assert width(crossed) > 1.3 * width(metrics.hierarchical_bootstrap(list(matrix), R))
+
+
+def test_seed_intervals_of_id_keyed_groups_ignore_row_order():
+  """Groups given as {id: value}: the order the rows came in changes no interval (values are
+  taken in id order), the crossed interval is there and the claim asks all three."""
+  rng = np.random.default_rng(2)
+  m = rng.normal(0.05, 0.3, size=(3, 30))
+  tables = _tables(m)
+  shuffled = [dict(sorted(t.items(), key=lambda kv: rng.random())) for t in tables]
+  a, b = metrics.seed_intervals(tables, 300), metrics.seed_intervals(shuffled, 300)
+  assert a == b
+  assert a["crossed"] == metrics.crossed_bootstrap(tables, 300)
+  assert a["claim"] == metrics.claim(a["hierarchical"], a["crossed"], a["t"])
+  assert a["p"] == pytest.approx(metrics.t_pvalue(m.mean(axis=1)))
+
+
+def test_t_pvalue_and_holm_by_hand():
+  from scipy import stats
+  v = [0.012, 0.008, 0.010]
+  assert metrics.t_pvalue(v) == pytest.approx(stats.ttest_1samp(v, 0.0).pvalue)
+  # p < 0.05 exactly when the 95% t interval excludes 0
+  assert (metrics.t_pvalue(v) < 0.05) == (metrics.t_interval(v)[1] > 0)
+  assert metrics.t_pvalue([0.0, 0.0, 0.0]) == 1.0 and metrics.t_pvalue([0.2, 0.2]) == 0.0
+  assert np.isnan(metrics.t_pvalue([0.3]))
+  # m = 4 finite: sorted 0.005 <= 0.05/4, 0.01 <= 0.05/3, 0.03 > 0.05/2 stops (0.04 too)
+  assert metrics.holm([0.01, 0.04, 0.03, float("nan"), 0.005]) == [True, False, False, False,
+                                                                   True]
+  assert metrics.holm([0.04, 0.04]) == [False, False]        # 0.04 > 0.05 / 2
+  assert metrics.holm([0.02, 0.04]) == [True, True]          # 0.02 <= 0.025, 0.04 <= 0.05
+  assert metrics.holm([]) == []

@@ -58,12 +58,19 @@ def test_summary_by_hand(tmp_path):
   assert em["gain_ci_t"] == pytest.approx((0.25, 0.25, 0.25))
   assert em["gain_ci_hier"] == seeds.hierarchical_bootstrap(
       [[1, 0, 0, 0], [1, 0, 0, 0], [0, 0, 1, 0]], 200)
+  # crossed: the same four questions under every seed, paired by id
+  assert em["gain_ci_crossed"] == seeds.crossed_bootstrap(
+      [{"q0": 1, "q1": 0, "q2": 0, "q3": 0}, {"q0": 1, "q1": 0, "q2": 0, "q3": 0},
+       {"q0": 0, "q1": 0, "q2": 1, "q3": 0}], 200)
   assert em["gain_claim"] == "includes 0"                # 4 examples a seed: wide bootstrap
+  assert em["gain_p"] == 0.0                             # 0.25 on every seed: no spread
   assert st["minutes"] == pytest.approx((3.0, 1.0))
   text = seeds.write_markdown(seeds.summarise(runs, 200), tmp_path / "s.md", "t")
   assert "| em | 0.500 ± 0.250 | 0.750 ± 0.250 | 0.250 ± 0.000 |" in text
   lo, hi = em["gain_ci_hier"][1:]
-  assert (f"| [{lo:+.3f}, {hi:+.3f}] | [+0.250, +0.250] | includes 0 | yes |") in text
+  clo, chi = em["gain_ci_crossed"][1:]
+  assert (f"| [{lo:+.3f}, {hi:+.3f}] | [{clo:+.3f}, {chi:+.3f}] | [+0.250, +0.250] | includes 0 "
+          "| <0.0001 | – | yes |") in text
 
 
 def test_cli_resumes_compares_arms_and_writes_outputs(tmp_path, monkeypatch):
@@ -209,8 +216,10 @@ def test_mid_run_points_pair_against_a_stage_boundary(tmp_path):
   first = seeds.load_run(wd, "warmup", "rl10")
   second = seeds.load_run(wd, "rl10", "final")
   assert first["after"]["em"] == 0.25 and second["before"]["em"] == 0.25
-  assert seeds.pair_rows(first["rows"]["before"], first["rows"]["after"], "em") == [0, 1, 0, -1]
-  assert seeds.pair_rows(second["rows"]["before"], second["rows"]["after"], "em") == [1, 0, 0, 1]
+  assert seeds.pair_rows(first["rows"]["before"], first["rows"]["after"], "em") == {
+      "q0": 0, "q1": 1, "q2": 0, "q3": -1}
+  assert seeds.pair_rows(second["rows"]["before"], second["rows"]["after"], "em") == {
+      "q0": 1, "q1": 0, "q2": 0, "q3": 1}
   text = seeds.write_markdown(seeds.summarise({"main": {0: second}}, 100), tmp_path / "m.md",
                               "t", "rl10", "final")
   assert "| metric | after 10 RL steps | after RL |" in text
@@ -406,3 +415,77 @@ def test_run_all_reruns_a_seed_of_other_flags_and_keeps_the_old_run(tmp_path, ca
   assert "seed 2: done already" in text and "cannot be checked" in text
   assert seeds.load_run(same)["fingerprint"] == fingerprint.fingerprint({**new, "seed": 1})
   assert seeds.load_run(legacy)["fingerprint"] is None
+
+
+def _arm_runs(values_by_seed, shuffle_seed=None):
+  """{seed: run} with rows {id, em} for the given per-question values, the rows of each
+  evaluation point in a shuffled order when `shuffle_seed` is given."""
+  rng = np.random.default_rng(shuffle_seed)
+  out = {}
+  for s, (before, after) in values_by_seed.items():
+    rows = {}
+    for point, vals in (("before", before), ("after", after)):
+      r = [{"id": f"q{i}", "em": float(v)} for i, v in enumerate(vals)]
+      if shuffle_seed is not None:
+        r = [r[i] for i in rng.permutation(len(r))]
+      rows[point] = r
+    out[s] = {"before": {"em": float(np.mean(before))}, "after": {"em": float(np.mean(after))},
+              "rows": rows, "minutes": 1.0}
+  return out
+
+
+def test_rows_pair_by_question_id_not_by_position(monkeypatch):
+  """One arm's rows shuffled (as another evaluation order would give them): every gain and arm
+  difference, each interval included, is unchanged. A summary that paired rows by position
+  fails this: with its pairing the shuffled table differs (checked below, so the test has the
+  power to catch it)."""
+  rng = np.random.default_rng(0)
+  a = {s: (rng.integers(0, 2, 12), rng.integers(0, 2, 12)) for s in (0, 1, 2)}
+  b = {s: (rng.integers(0, 2, 12), rng.integers(0, 2, 12)) for s in (0, 1, 2)}
+  plain = {"A": _arm_runs(a), "B": _arm_runs(b)}
+  shuffled = {"A": _arm_runs(a), "B": _arm_runs(b, shuffle_seed=1)}
+  base = seeds.summarise(plain, 300)
+  assert seeds.summarise(shuffled, 300) == base
+  # the arm difference by hand: per seed mean over questions of B - A after RL, paired by id
+  per_seed = [float(np.mean(b[s][1] - a[s][1])) for s in (0, 1, 2)]
+  assert base["comparison"]["em"]["diff_per_seed"] == pytest.approx(per_seed)
+  tables = [{f"q{i}": float(d) for i, d in enumerate(b[s][1] - a[s][1])} for s in (0, 1, 2)]
+  assert base["comparison"]["em"]["diff_ci_crossed"] == seeds.crossed_bootstrap(tables, 300)
+
+  def by_position(rows_a, rows_b, metric):
+    return [float(y[metric]) - float(x[metric]) for x, y in zip(rows_a, rows_b)
+            if metric in x and metric in y]
+  monkeypatch.setattr(seeds, "pair_rows", by_position)
+  assert seeds.summarise(shuffled, 300)["comparison"] != seeds.summarise(plain, 300)["comparison"]
+
+
+def test_seeds_json_records_the_code_of_each_run_and_the_table_says_it(tmp_path):
+  """load_run reads the code versions a run's starts recorded (fingerprint.json); seeds.md
+  names them, and says so when runs of several commits are mixed or none was recorded."""
+  flags = {"seed": 0, "rl": {"lr": 1e-4}}
+  wd = tmp_path / "main" / "seed_0"
+  _finished_run(wd, flags)
+  now = fingerprint.code_version()
+  run = seeds.load_run(wd)
+  assert run["code"] == ([now] if now else [])
+  record = {"runs": {"main": {"0": {"code": [{"commit": "a" * 40, "dirty": False}]},
+                              "1": {"code": [{"commit": "b" * 40, "dirty": True}]},
+                              "2": {}}}}
+  line = seeds.provenance_line(record)
+  assert "aaaaaaaaaaaa (main 0)" in line and "bbbbbbbbbbbb (dirty) (main 1)" in line
+  assert "unrecorded (main 2)" in line and "More than one code version" in line
+  assert "not recorded" in seeds.provenance_line({"runs": {"main": {"0": {}}}})
+
+
+def test_reusing_a_run_made_by_other_code_warns(tmp_path, capsys, monkeypatch):
+  flags = {"seed": 0, "rl": {"lr": 1e-4}}
+  wd = tmp_path / "main" / "seed_0"
+  monkeypatch.setattr(fingerprint, "_CODE_VERSION", {"commit": "a" * 40, "dirty": False})
+  _finished_run(wd, flags)
+  seeds.run_all([("main", 0, wd, ["train"], flags)], runner=lambda c, l: 1 / 0)
+  assert "WARNING" not in capsys.readouterr().out        # same commit, clean: reused quietly
+  monkeypatch.setattr(fingerprint, "_CODE_VERSION", {"commit": "b" * 40, "dirty": False})
+  seeds.run_all([("main", 0, wd, ["train"], flags)], runner=lambda c, l: 1 / 0)
+  text = capsys.readouterr().out
+  assert "done already" in text
+  assert f"WARNING: main seed 0: reusing a run made by code {'a' * 12}, this is {'b' * 12}" in text

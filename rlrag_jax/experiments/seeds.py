@@ -22,17 +22,24 @@ checked: it is reused (finished) or resumed with a warning.
 
 Outputs:
   DIR/seeds.json  per arm and seed: warm-up (before RL) and after-RL metrics, wall minutes,
-                  per-example correctness (the trainer's eval_rows.json), the plotted curves,
-                  and the summary below;
+                  per-example correctness (the trainer's eval_rows.json), the code versions
+                  the run's starts recorded (`run_code`: git commit and dirty flag), the
+                  plotted curves, the harness's own code version, optional `notes` (how the
+                  table came about, printed in seeds.md), and the summary below;
   DIR/seeds.md    per metric: warm-up and after-RL mean ± std over seeds, the gain (after - before)
-                  with its std over seeds, and three 95% intervals of the mean gain
+                  with its std over seeds, and four 95% intervals of the mean gain
                   (`rlrag_jax.metrics`, `--resamples` bootstrap resamples): pooled, a paired
                   bootstrap with each (seed, example) pair one unit (leaves out seed-to-seed
                   variance); hierarchical, seeds resampled, then examples within each drawn
-                  seed; t, Student-t over the per-seed mean gains. 'vs 0' says whether both
-                  seed-aware intervals exclude 0 (with 3 seeds the hierarchical one cannot leave
-                  the per-seed range). With two arms, also the after-RL difference B - A, paired
-                  on (seed, example), with the same intervals;
+                  seed separately; crossed, seeds resampled and one example draw shared by the
+                  drawn seeds (examples paired by id: every seed evaluates the same ones); t,
+                  Student-t over the per-seed mean gains. 'vs 0' says whether the three
+                  seed-aware intervals all exclude 0 (a bootstrap's seed part is too narrow at
+                  few seeds, though the example draws let it leave the per-seed range). Then
+                  the t test's p-value and whether it survives Holm's correction over every
+                  outcome the table tests (`add_holm`; the count heads the table). With two
+                  arms, also the after-RL difference B - A, paired on (seed, example), with the
+                  same intervals;
   DIR/seeds.png   each metric's curve over training steps per seed (thin), the mean bold.
                   `--plot` picks them: evaluation metrics, or any RL training metric (kl,
                   reward/total, vf/explained_variance, ...).
@@ -65,18 +72,21 @@ from typing import Optional, Sequence
 import numpy as np
 
 # The intervals live in rlrag_jax.metrics; re-exported for callers that import them from here.
-from rlrag_jax.metrics import (claim, hierarchical_bootstrap, mean_std, paired_bootstrap,  # pylint: disable=unused-import
-                               seed_intervals, t_interval, t_interval_from_moments)
+from rlrag_jax.metrics import (claim, crossed_bootstrap, hierarchical_bootstrap, holm,  # pylint: disable=unused-import
+                               mean_std, paired_bootstrap, seed_intervals, t_interval,
+                               t_interval_from_moments, t_pvalue)
 from rlrag_jax import fingerprint, runlog
 
 METRICS = ("em", "f1", "format", "relevance", "accuracy", "rc", "reward")
 
 
 # ------------------------------------------------------------------------------- statistics
-def pair_rows(rows_a: Sequence[dict], rows_b: Sequence[dict], metric: str) -> list:
-  """b - a per example id present in both (the same held-out example under two runs)."""
+def pair_rows(rows_a: Sequence[dict], rows_b: Sequence[dict], metric: str) -> dict:
+  """{example id: b - a} over the ids present in both (the same held-out example under two
+  runs): paired by id, never by position, so either run's rows may come in any order."""
   a = {r["id"]: r[metric] for r in rows_a if metric in r}
-  return [float(r[metric]) - float(a[r["id"]]) for r in rows_b if metric in r and r["id"] in a]
+  return {r["id"]: float(r[metric]) - float(a[r["id"]]) for r in rows_b
+          if metric in r and r["id"] in a}
 
 
 # ------------------------------------------------------------------------------- runs
@@ -148,6 +158,11 @@ def run_all(jobs: list, parallel: int = 1, runner=None) -> list:
       print(f"seeds: {arm} seed {seed}: done already ({wd})" + (
           "; made before run fingerprints, so its flags cannot be checked against these"
           if unchecked else ""))
+      if check is not None and check.code_differs:
+        made_by = ", ".join(map(fingerprint.describe_code, run_code(wd))) or "unrecorded"
+        print(f"seeds: WARNING: {arm} seed {seed}: reusing a run made by code {made_by}, "
+              f"this is {fingerprint.describe_code(check.code)}: the table mixes code versions "
+              f"unless they compute the same (move {wd} aside to rerun it)", flush=True)
     else:
       todo.append((arm, seed, wd, cmd))
 
@@ -195,7 +210,38 @@ def load_run(workdir: pathlib.Path, before: str = "warmup", after: str = "final"
   recorded = fingerprint.read(workdir)
   return {"before": b_metrics, "after": a_metrics, "minutes": summary.get("minutes"),
           "rows": {"before": b_rows, "after": a_rows},
-          "fingerprint": recorded and recorded["fingerprint"]}
+          "fingerprint": recorded and recorded["fingerprint"], "code": run_code(workdir)}
+
+
+def run_code(workdir: pathlib.Path) -> list:
+  """The code versions ({'commit', 'dirty'}) a run's starts were made by, in order, each once;
+  [] for a run made before code versions were recorded (its starts carry none)."""
+  out = []
+  for start in (fingerprint.read(workdir) or {}).get("starts", []):
+    code = start.get("code")
+    if code and code not in out:
+      out.append(code)
+  return out
+
+
+def provenance_line(record: dict) -> str:
+  """The code versions of a record's runs, for seeds.md: 'Code: <commit> (<arm> seeds ...)'."""
+  by_code, unknown = {}, []
+  for arm, by in record["runs"].items():
+    for s, r in by.items():
+      codes = r.get("code") or []
+      if not codes:
+        unknown.append(f"{arm} {s}")
+      for c in codes:
+        by_code.setdefault(fingerprint.describe_code(c), []).append(f"{arm} {s}")
+  if not by_code:
+    return ("Code versions: not recorded (these runs predate the per-run commit record; the git "
+            "history of this folder says which commit wrote the table).")
+  parts = [f"{code} ({', '.join(runs)})" for code, runs in by_code.items()]
+  if unknown:
+    parts.append(f"unrecorded ({', '.join(unknown)})")
+  return ("Code versions (arm seed): " + "; ".join(parts)
+          + (". **More than one code version made these runs.**" if len(by_code) > 1 else "."))
 
 
 def metric_names(runs: dict) -> list:
@@ -232,7 +278,8 @@ def summarise(runs: dict, resamples: int = 2000) -> dict:
                                        m) for s in with_before], resamples)
         entry.update(before=mean_std(before), before_per_seed=before, gain=mean_std(gains),
                      gain_per_seed=gains, gain_ci=iv["pooled"], gain_ci_hier=iv["hierarchical"],
-                     gain_ci_t=iv["t"], gain_claim=iv["claim"],
+                     gain_ci_crossed=iv["crossed"], gain_ci_t=iv["t"], gain_p=iv["p"],
+                     gain_claim=iv["claim"],
                      gain_all_seeds_positive=bool(all(g > 0 for g in gains)),
                      paired_examples=iv["pairs"])
       stats[m] = entry
@@ -251,8 +298,10 @@ def summarise(runs: dict, resamples: int = 2000) -> dict:
       if per_seed:
         out["comparison"][m] = {"arms": [a, b], "diff": mean_std(per_seed),
                                 "diff_per_seed": per_seed, "diff_ci": iv["pooled"],
-                                "diff_ci_hier": iv["hierarchical"], "diff_ci_t": iv["t"],
-                                "diff_claim": iv["claim"], "paired_examples": iv["pairs"]}
+                                "diff_ci_hier": iv["hierarchical"],
+                                "diff_ci_crossed": iv["crossed"], "diff_ci_t": iv["t"],
+                                "diff_p": iv["p"], "diff_claim": iv["claim"],
+                                "paired_examples": iv["pairs"]}
   return out
 
 
@@ -272,11 +321,12 @@ def contrasts(runs: dict, pairs: Sequence[str], resamples: int = 2000) -> dict:
         if not have:
           continue
         per_seed = [by_seed[s][point][a] - by_seed[s][point][b] for s in have]
-        iv = seed_intervals([[float(r[a]) - float(r[b]) for r in by_seed[s]["rows"][point]
-                              if a in r and b in r] for s in have], resamples)
+        iv = seed_intervals([{r["id"]: float(r[a]) - float(r[b]) for r in by_seed[s]["rows"][point]
+                              if a in r and b in r} for s in have], resamples)
         out.setdefault(spec, {}).setdefault(arm, {})[point] = {
             "diff": mean_std(per_seed), "diff_per_seed": per_seed, "diff_ci": iv["pooled"],
-            "diff_ci_hier": iv["hierarchical"], "diff_ci_t": iv["t"], "diff_claim": iv["claim"],
+            "diff_ci_hier": iv["hierarchical"], "diff_ci_crossed": iv["crossed"],
+            "diff_ci_t": iv["t"], "diff_p": iv["p"], "diff_claim": iv["claim"],
             "paired_examples": iv["pairs"]}
   return out
 
@@ -284,12 +334,19 @@ def contrasts(runs: dict, pairs: Sequence[str], resamples: int = 2000) -> dict:
 INTERVALS_NOTE = (
     "Intervals (95%) of a mean difference over seeds and held-out examples: *pooled*, a paired "
     "bootstrap with every (seed, example) pair one unit, which leaves out seed-to-seed variance; "
-    "*hierarchical*, a bootstrap that resamples seeds, then examples within each drawn seed; *t*, "
-    "a Student-t interval over the per-seed means (df = seeds - 1). With few seeds the "
-    "hierarchical interval cannot leave the range of the per-seed means and is too narrow, so "
-    "the *vs 0* column reads '> 0' or '< 0' only when both the hierarchical and the t interval "
-    "exclude 0.")
-SEED_AWARE_HEAD = "hierarchical bootstrap 95% CI | t 95% CI over seeds | vs 0 (both) |"
+    "*hierarchical*, a bootstrap that resamples seeds, then examples within each drawn seed "
+    "separately; *crossed*, a bootstrap that resamples seeds and, in the same replicate, one draw "
+    "of examples shared by every drawn seed (examples paired by id across seeds and arms: every "
+    "seed evaluates the same examples, so their difficulty is counted once, not averaged over "
+    "independent draws); *t*, a Student-t interval over the per-seed means (df = seeds - 1). "
+    "A seeds-only bootstrap cannot leave the range of the per-seed means; the hierarchical and "
+    "crossed ones also resample examples and can (R2AG's default, mAP gain: per seed 0.010 ± "
+    "0.002, hierarchical [-0.007, +0.028]), but with few seeds their seed part is still too "
+    "narrow, so the *vs 0* column reads '> 0' or '< 0' only when the hierarchical, the crossed "
+    "and the t interval all exclude 0.")
+SEED_AWARE_HEAD = ("hierarchical bootstrap 95% CI | crossed bootstrap 95% CI | t 95% CI over seeds "
+                   "| vs 0 (all three) | p (t) | Holm |")
+ALPHA = 0.05     # the tables' family-wise error rate: 1 - the intervals' level
 
 
 def _ci(iv) -> str:
@@ -298,16 +355,69 @@ def _ci(iv) -> str:
   return f"[{iv[1]:+.3f}, {iv[2]:+.3f}]"
 
 
+def _p(p) -> str:
+  if p is None or not np.isfinite(p):
+    return "–"
+  return "<0.0001" if p < 1e-4 else f"{p:.4f}"
+
+
 def _seed_aware(e: dict, key: str) -> str:
-  """The hierarchical and t cells and the claim of a summary entry ('gain' or 'diff')."""
-  return (f"{_ci(e.get(f'{key}_ci_hier'))} | {_ci(e.get(f'{key}_ci_t'))} | "
-          f"{e.get(f'{key}_claim', '–')} |")
+  """The hierarchical, crossed and t cells, the claim, the t p-value and the Holm mark of a
+  summary entry ('gain' or 'diff')."""
+  holm_cell = {True: "holds", False: "no"}.get(e.get(f"{key}_holm"), "–")
+  return (f"{_ci(e.get(f'{key}_ci_hier'))} | {_ci(e.get(f'{key}_ci_crossed'))} | "
+          f"{_ci(e.get(f'{key}_ci_t'))} | {e.get(f'{key}_claim', '–')} | "
+          f"{_p(e.get(f'{key}_p'))} | {holm_cell} |")
+
+
+def _tested(summary: dict) -> list:
+  """(kind, entry, key) of every outcome a table tests: each arm's gain per metric, the arm
+  difference per metric, each metric contrast per arm and point."""
+  out = [("gain", e, "gain") for st in summary["arms"].values() for e in st["metrics"].values()
+         if "gain" in e]
+  out += [("arm difference", e, "diff") for e in summary.get("comparison", {}).values()]
+  out += [("metric contrast", e, "diff") for by_arm in summary.get("contrasts", {}).values()
+          for by_point in by_arm.values() for e in by_point.values()]
+  return out
+
+
+def add_holm(summary: dict, alpha: float = ALPHA) -> dict:
+  """Marks every tested outcome (`_tested`) with whether it survives Holm's correction at
+  `alpha` over the table's outcomes with a p-value (the t test over per-seed values, `<key>_p`),
+  and writes summary['holm'] = {alpha, outcomes, by kind, survive}. The t test, not a bootstrap:
+  it is the seed-aware interval whose p-value is defined at any size (a percentile bootstrap's
+  cannot go below 1 / resamples, and with 3 seeds its tails are the per-seed extremes)."""
+  tested = [(kind, e, key) for kind, e, key in _tested(summary)
+            if np.isfinite(e.get(f"{key}_p", float("nan")))]
+  marks = holm([e[f"{key}_p"] for _, e, key in tested], alpha)
+  for (_, e, key), mark in zip(tested, marks):
+    e[f"{key}_holm"] = bool(mark)
+  kinds = {}
+  for kind, _, _ in tested:
+    kinds[kind] = kinds.get(kind, 0) + 1
+  summary["holm"] = {"alpha": alpha, "outcomes": len(tested), "by_kind": kinds,
+                     "survive": int(sum(marks))}
+  return summary
+
+
+def holm_note(summary: dict) -> str:
+  h = summary.get("holm")
+  if not h:
+    return ""
+  parts = ", ".join(f"{n} {k}{'s' if n != 1 else ''}" for k, n in h["by_kind"].items())
+  return (f"**Outcomes tested: {h['outcomes']}** ({parts or 'none'}: every metric the runs "
+          f"report, for each arm and point the table shows). *p (t)* is the "
+          f"two-sided p-value of the t test over seeds (the test the t interval inverts); "
+          f"*Holm* reads 'holds' when the outcome survives Holm's step-down correction at "
+          f"family-wise alpha {h['alpha']:g} over all {h['outcomes']} of them: "
+          f"{h['survive']} do. A row is a claim only with 'vs 0' excluding 0; one that does not "
+          f"also hold under Holm may be one of the table's many chances.")
 
 
 def contrasts_markdown(con: dict, before: str, after: str) -> str:
   lines = ["## Metric contrasts (A - B within each evaluation, paired on seed and example)", "",
            "| A - B | arm | point | mean ± std over seeds | pooled bootstrap 95% CI | "
-           + SEED_AWARE_HEAD, "|---|---|---|---|---|---|---|---|"]
+           + SEED_AWARE_HEAD, "|---|---|---|---|---|---|---|---|---|---|---|"]
   for spec, by_arm in con.items():
     for arm, by_point in by_arm.items():
       for point, e in by_point.items():
@@ -330,9 +440,21 @@ def _point_name(point: str) -> str:
                          else point)
 
 
+NOTES_HEADING = "## How this table came about"
+
+
 def write_markdown(summary: dict, path: pathlib.Path, title: str, before: str = "warmup",
-                   after: str = "final") -> str:
+                   after: str = "final", notes: Sequence[str] = (), provenance: str = "") -> str:
+  """seeds.md: the intervals note, the outcomes tested (`add_holm`), the record's `notes` (how
+  the table came about: seeds added after a first result, a metric named after the fact), the
+  runs' code versions, then the tables."""
   lines = [f"# {title}", "", INTERVALS_NOTE, ""]
+  if summary.get("holm"):
+    lines += [holm_note(summary), ""]
+  if notes:
+    lines += [NOTES_HEADING, ""] + [x for n in notes for x in (n, "")]
+  if provenance:
+    lines += [provenance, ""]
   for arm, st in summary["arms"].items():
     # runs without RL (SFT only) have no warm-up point: their final evaluation is "final"
     after_name = (_point_name(after) if after != "final" or
@@ -341,7 +463,7 @@ def write_markdown(summary: dict, path: pathlib.Path, title: str, before: str = 
               + (f"; {_pm(st['minutes'])} min per seed" if st["minutes"] else ""), "",
               f"| metric | {_point_name(before)} | {after_name} | gain (after - before) | "
               "pooled bootstrap 95% CI of the gain | " + SEED_AWARE_HEAD
-              + " gain > 0 on every seed |", "|---|---|---|---|---|---|---|---|---|"]
+              + " gain > 0 on every seed |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for m, e in st["metrics"].items():
       if "gain" in e:
         lines.append(f"| {m} | {_pm(e['before'])} | {_pm(e['after'])} | {_pm(e['gain'])} | "
@@ -349,13 +471,13 @@ def write_markdown(summary: dict, path: pathlib.Path, title: str, before: str = 
                      + _seed_aware(e, "gain")
                      + f" {'yes' if e['gain_all_seeds_positive'] else 'no'} |")
       else:
-        lines.append(f"| {m} | – | {_pm(e['after'])} | – | – | – | – | – | – |")
+        lines.append(f"| {m} | – | {_pm(e['after'])} | – | – | – | – | – | – | – | – | – |")
     lines.append("")
   if summary["comparison"]:
     a, b = next(iter(summary["comparison"].values()))["arms"]
     lines += [f"## {b} - {a} (after RL, paired on seed and example)", "",
               "| metric | difference, mean ± std over seeds | pooled bootstrap 95% CI | "
-              + SEED_AWARE_HEAD, "|---|---|---|---|---|---|"]
+              + SEED_AWARE_HEAD, "|---|---|---|---|---|---|---|---|---|"]
     for m, e in summary["comparison"].items():
       lines.append(f"| {m} | {_pm(e['diff'])} | {_ci(e['diff_ci'])} | "
                    + _seed_aware(e, "diff"))
@@ -472,7 +594,7 @@ def write_outputs(record: dict, out: pathlib.Path, name: str) -> str:
   before, after = record["points"]
   return write_markdown(record["summary"], out / f"{name}.md",
                         title(record["config"], record["seeds"], record["overrides"]),
-                        before, after)
+                        before, after, record.get("notes") or (), provenance_line(record))
 
 
 def resummarise(source: pathlib.Path, out: pathlib.Path, name: str,
@@ -485,8 +607,10 @@ def resummarise(source: pathlib.Path, out: pathlib.Path, name: str,
   return summarise_record(json.loads(source.read_text()), out, name, resamples)
 
 
-def summarise_record(record: dict, out: pathlib.Path, name: str, resamples: int = 2000) -> str:
-  """`resummarise` on a record already read (or merged, `merge_records`)."""
+def summarise_record(record: dict, out: pathlib.Path, name: str, resamples: int = 2000,
+                     plot: bool = True) -> str:
+  """`resummarise` on a record already read (or merged, `merge_records`); `plot=False` leaves
+  the png alone."""
   runs = {arm: {int(s): r for s, r in by.items()} for arm, by in record["runs"].items()}
   old = record.get("summary", {})
   summary = summarise(runs, resamples)
@@ -496,10 +620,10 @@ def summarise_record(record: dict, out: pathlib.Path, name: str, resamples: int 
     record["contrast"] = pairs
   if old.get("curves"):
     summary["curves"] = old["curves"]
-  record["summary"] = summary
+  record["summary"] = add_holm(summary)
   out.mkdir(parents=True, exist_ok=True)
   text = write_outputs(record, out, name)
-  if record.get("plot"):
+  if plot and record.get("plot"):
     plot_series(record["plot"]["series"], out / f"{name}.png", record["plot"]["metrics"])
   return text
 
@@ -776,6 +900,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   summary = summarise(runs, args.resamples)
   if pairs:
     summary["contrasts"] = contrasts(runs, pairs, args.resamples)
+  add_holm(summary)
   if args.curves:
     summary["curves"] = summarise_curves(
         {a: {s: run_dir(out, a, s) for s in runs[a]} for a in arms},
@@ -783,6 +908,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   plotted = args.plot.split(",")
   series = curve_series({a: {s: run_dir(out, a, s) for s in seeds} for a in arms}, plotted)
   record = {"config": args.config, "overrides": passthrough, "host": fingerprint.host(),
+            "code": fingerprint.code_version(),
             "arms": dict(arms), "seeds": seeds,
             "points": [args.before, args.after], "contrast": pairs,
             "runs": {a: {str(s): r for s, r in by.items()} for a, by in runs.items()},

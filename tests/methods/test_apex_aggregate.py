@@ -28,6 +28,32 @@ def test_aggregate_intervals_by_hand(tmp_path):
   assert v["ci_t"] == pytest.approx(metrics.t_interval([0.5, 0.5, 0.25]))
   assert v["claim"] == metrics.claim(v["ci_hier"], v["ci_t"])
   t = v["ci_t"]
-  assert f"t [{t[1]:+.3f}, {t[2]:+.3f}] (vs 0: {v['claim']})" in agg["text"]
+  assert f"t [{t[1]:+.3f}, {t[2]:+.3f}] (vs 0: {v['claim']}; p " in agg["text"]
+  assert np.isnan(v["ci_crossed"][1])             # no question ids: nothing pairs across seeds
+  assert v["p"] == pytest.approx(metrics.t_pvalue([0.5, 0.5, 0.25]))
   saved = json.loads((tmp_path / "agg" / "pipeline_seeds.json").read_text())
   assert saved["diffs"]["plan_rl - naive_rag"]["ci_t"] == pytest.approx(list(t))
+
+
+def test_aggregate_pairs_questions_by_id_and_reads_committed_summaries(tmp_path):
+  """With the summaries' question ids the crossed interval pairs questions across seeds by id
+  (a seed listing its questions in another order gives the same intervals), and a summary .json
+  can be named directly (a committed copy)."""
+  per_q = [([1, 0, 1, 1], [0, 0, 1, 0]), ([1, 1, 0, 1], [0, 1, 0, 0]), ([1, 1, 1, 1], [1, 1, 1, 0])]
+  ids = ["a", "b", "c", "d"]
+  files = []
+  for seed, (rl, naive) in enumerate(per_q):
+    order = [3, 1, 0, 2] if seed == 1 else [0, 1, 2, 3]      # seed 1 lists them shuffled
+    ems = {"plan_rl/exec_sft_on": [rl[i] for i in order],
+           "naive_rag/exec_sft_on": [naive[i] for i in order]}
+    cells = {k: {"em": float(np.mean(v)), "f1": float(np.mean(v))} for k, v in ems.items()}
+    f = tmp_path / f"summary.seed_{seed}.json"
+    f.write_text(json.dumps({"cells": cells, "per_question_em": ems,
+                             "ids": [ids[i] for i in order]}))
+    files.append(str(f))
+  v = pipeline.aggregate(files, tmp_path / "agg", resamples=300)["diffs"]["plan_rl - naive_rag"]
+  tables = [dict(zip(ids, (x - y for x, y in zip(rl, naive)))) for rl, naive in per_q]
+  assert v["ci_crossed"] == metrics.crossed_bootstrap(tables, 300)
+  assert v["ci_hier"] == metrics.hierarchical_bootstrap(
+      [[x - y for x, y in zip(rl, naive)] for rl, naive in per_q], 300)
+  assert v["claim"] == metrics.claim(v["ci_hier"], v["ci_crossed"], v["ci_t"])

@@ -48,7 +48,7 @@ LABELS = {"naive_rag": "naive RAG", "no_planning": "no planning", "plan_sft": "p
 
 
 def define_flags() -> None:
-  global _PLANNER, _EXECUTOR, _EXEC_BASE, _SFT_STEP, _CONFIG, _DATA, _N, _OUT, _CELLS, _AGG
+  global _PLANNER, _EXECUTOR, _EXEC_BASE, _SFT_STEP, _CONFIG, _DATA, _N, _OUT, _CELLS, _AGG, _NOTES
   _PLANNER = flags.DEFINE_string("planner", None, "planner training run directory")
   _EXECUTOR = flags.DEFINE_string("executor", None, "executor run directory or HF checkpoint")
   _EXEC_BASE = flags.DEFINE_string("executor_base", "", "an untrained (instruct) checkpoint for "
@@ -67,7 +67,9 @@ def define_flags() -> None:
                              "switches: planning on/off = plan_* / no_planning, planner RL on/off "
                              "= plan_rl / plan_sft; exec SFT off with --executor_base)")
   _AGG = flags.DEFINE_string("aggregate", "", "comma-separated pipeline output folders (one per "
-                             "seed) to summarise instead of running")
+                             "seed) or their summary .json files to summarise instead of running")
+  _NOTES = flags.DEFINE_string("notes", "", "with --aggregate: a markdown file placed under the "
+                               "title (how the table came about)")
 
 
 # ------------------------------------------------------------------------------ loading
@@ -318,12 +320,18 @@ def format_report(result: dict) -> str:
 
 
 # ------------------------------------------------------------------------------ over seeds
-def aggregate(dirs, out, resamples: int = 2000) -> dict:
+def aggregate(dirs, out, resamples: int = 2000, notes: str = "") -> dict:
   """Mean ± std over seeds per cell, and intervals of the EM differences plan_rl - naive_rag,
   plan_rl - no_planning, plan_rl - plan_sft and gold_plan - plan_rl, paired on (seed, question):
-  pooled, hierarchical and t over seeds (`rlrag_jax.metrics.seed_intervals`)."""
-  from rlrag_jax.metrics import seed_intervals
-  runs = [json.loads((pathlib.Path(d) / "summary.json").read_text()) for d in dirs]
+  pooled, hierarchical, crossed (when the summaries carry the question ids) and t over seeds
+  (`rlrag_jax.metrics.seed_intervals`), with the t test's p-value and Holm's correction over the
+  four. A dir is a pipeline output folder or its summary .json (a committed copy). `notes`
+  (markdown: how the table came about, e.g. seeds added after a first result) follows the
+  title."""
+  from rlrag_jax.metrics import holm, seed_intervals
+  paths = [pathlib.Path(d) if str(d).endswith(".json") else pathlib.Path(d) / "summary.json"
+           for d in dirs]
+  runs = [json.loads(p.read_text()) for p in paths]
   cells = sorted({c for r in runs for c in r["cells"]})
   table = {}
   for c in cells:
@@ -334,13 +342,24 @@ def aggregate(dirs, out, resamples: int = 2000) -> dict:
   for a, b in (("plan_rl", "naive_rag"), ("plan_rl", "no_planning"), ("plan_rl", "plan_sft"),
                ("gold_plan", "plan_rl")):
     ca, cb = f"{a}/exec_sft_on", f"{b}/exec_sft_on"
-    both = [r["per_question_em"] for r in runs
-            if ca in r["per_question_em"] and cb in r["per_question_em"]]
+    both = [r for r in runs if ca in r["per_question_em"] and cb in r["per_question_em"]]
     if both:
-      iv = seed_intervals([[x - y for x, y in zip(q[ca], q[cb])] for q in both], resamples)
-      diffs[f"{a} - {b}"] = {"ci": iv["pooled"], "ci_hier": iv["hierarchical"], "ci_t": iv["t"],
+      # paired by question id where the summary names them (a dict per seed), else by position
+      groups = [dict(zip(r["ids"], (x - y for x, y in zip(r["per_question_em"][ca],
+                                                            r["per_question_em"][cb]))))
+                if "ids" in r else [x - y for x, y in zip(r["per_question_em"][ca],
+                                                          r["per_question_em"][cb])]
+                for r in both]
+      iv = seed_intervals(groups, resamples)
+      diffs[f"{a} - {b}"] = {"ci": iv["pooled"], "ci_hier": iv["hierarchical"],
+                             "ci_crossed": iv["crossed"], "ci_t": iv["t"], "p": iv["p"],
                              "claim": iv["claim"], "per_seed": iv["per_seed"]}
-  lines = [f"APEX pipeline over {len(runs)} seeds ({', '.join(map(str, dirs))})", "",
+  for v, mark in zip(diffs.values(), holm([v["p"] for v in diffs.values()])):
+    v["holm"] = bool(mark)
+  lines = [f"APEX pipeline over {len(runs)} seeds ({', '.join(map(str, dirs))})", ""]
+  if notes.strip():
+    lines += [notes.strip(), ""]
+  lines += [
            "| cell | EM | F1 | retrievals | plan SEPR |", "|---|---|---|---|---|"]
   fmt = lambda t: f"{t[0]:.3f} ± {t[1]:.3f}" if t else ""
   for c in cells:
@@ -349,12 +368,17 @@ def aggregate(dirs, out, resamples: int = 2000) -> dict:
                  f"{fmt(t.get('retrievals'))} | {fmt(t.get('sepr'))} |")
   lines += ["", "EM differences, paired on (seed, question), 95% intervals: pooled (a bootstrap "
             "with every (seed, question) pair one unit: no seed-to-seed variance), hierarchical "
-            "(seeds, then questions within a seed), t over the per-seed differences; 'vs 0' "
-            "reads '> 0' or '< 0' only when both seed-aware intervals exclude 0:", ""]
+            "(seeds, then questions within a seed), crossed (seeds, and one question draw shared "
+            "by the drawn seeds, paired by question id), t over the per-seed differences; 'vs 0' "
+            "reads '> 0' or '< 0' only when every seed-aware interval excludes 0; p is the t "
+            f"test's, and 'Holm' says whether it survives Holm's correction at 0.05 over the "
+            f"{sum(np.isfinite(v['p']) for v in diffs.values())} differences tested here:", ""]
   ci = lambda t: f"[{t[1]:+.3f}, {t[2]:+.3f}]" if np.isfinite(t[1]) else "–"
   for k, v in diffs.items():
     lines.append(f"- {k}: {v['ci'][0]:+.3f}; pooled {ci(v['ci'])}, hierarchical "
-                 f"{ci(v['ci_hier'])}, t {ci(v['ci_t'])} (vs 0: {v['claim']}); per seed "
+                 f"{ci(v['ci_hier'])}, crossed {ci(v['ci_crossed'])}, t {ci(v['ci_t'])} "
+                 f"(vs 0: {v['claim']}; p {v['p']:.4f}, Holm: "
+                 f"{'holds' if v['holm'] else 'no'}); per seed "
                  + ", ".join(f"{x:+.3f}" for x in v["per_seed"]))
   text = "\n".join(lines) + "\n"
   out = pathlib.Path(out)
@@ -393,7 +417,8 @@ def main(argv) -> int:
     print("pipeline: --out is required", file=sys.stderr)
     return 2
   if _AGG.value:
-    print(aggregate([d for d in _AGG.value.split(",") if d], _OUT.value)["text"])
+    notes = pathlib.Path(_NOTES.value).read_text() if _NOTES.value else ""
+    print(aggregate([d for d in _AGG.value.split(",") if d], _OUT.value, notes=notes)["text"])
     return 0
   if not (_PLANNER.value and _EXECUTOR.value):
     print("pipeline: --planner and --executor are required (or --aggregate)", file=sys.stderr)
