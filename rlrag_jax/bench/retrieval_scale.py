@@ -210,14 +210,15 @@ def bench_ann(args, work: pathlib.Path, results: dict) -> None:
   q = np.asarray(db[rng.integers(0, n, args.queries)], np.float32)
   q += 0.3 * rng.standard_normal(q.shape).astype(np.float32) / np.sqrt(d)
   q /= np.linalg.norm(q, axis=1, keepdims=True)
-  np.save(work / "queries.npy", q)
+  qfile, tfile = work / f"queries_{n}_{d}.npy", work / f"truth_{n}_{d}.npy"
+  np.save(qfile, q)
   exact = ExactIndex(db)
   exact.search(q[:8], k)
   t = time.perf_counter()
   _, truth = exact.search(q, k)
   t_exact = time.perf_counter() - t
   del exact
-  np.save(work / "truth.npy", truth)
+  np.save(tfile, truth)
   f16 = n * d * 2
   results["ann"] = {"n": n, "d": d, "queries": len(q), "k": k, "target": args.target_recall,
                     "float16_bytes": f16, "exact_qps": len(q) / t_exact}
@@ -263,7 +264,7 @@ def bench_ann(args, work: pathlib.Path, results: dict) -> None:
   best = None
   if found:
     _, lts, rk, rec = min(found)
-    child = run_measured([sys.executable, "-c", SEARCH_CHILD, str(index), str(work / "queries.npy"),
+    child = run_measured([sys.executable, "-c", SEARCH_CHILD, str(index), str(qfile),
                           str(k), str(lts), str(rk), str(work / "scann_ids.npy")], env=_env())
     info = _child_json(child)
     rec_child = _recall(np.load(work / "scann_ids.npy"), truth)
@@ -275,8 +276,10 @@ def bench_ann(args, work: pathlib.Path, results: dict) -> None:
           f"{best['qps']:,.0f} q/s at recall {rec_child:.4f}", flush=True)
   results["ann"]["scann_best"] = best
 
+  if "hnsw" in args.skip.split(","):
+    return
   hnsw = run_measured([sys.executable, "-c", HNSW_CHILD, str(vec_dir / "all.npy"),
-                       str(work / "queries.npy"), str(work / "truth.npy"), str(k),
+                       str(qfile), str(tfile), str(k),
                        str(args.hnsw_m), str(args.hnsw_ef_construction), str(args.target_recall)],
                       env=_env(), timeout_s=4 * 3600)
   info = _child_json(hnsw, "RESULT ")
@@ -350,6 +353,12 @@ def _tiny_queries(work: pathlib.Path, index: pathlib.Path) -> pathlib.Path:
 
 
 def extrapolate(results: dict) -> dict:
+  if results.get("ann", {}).get("n", 0) < 100_000:
+    return {"skipped": "not extrapolated from fewer than 100,000 vectors"}
+  return _extrapolate(results)
+
+
+def _extrapolate(results: dict) -> dict:
   """wiki-18 x e5-base-v2 from the 1M x 768 factors: private bytes = factor x float16 bytes +
   the measured fixed part (the tiny builds' peak at the small size)."""
   from rlrag_jax.retrieval import plan  # pylint: disable=g-import-not-at-top
@@ -386,7 +395,7 @@ def write_report(args, results: dict) -> None:
            "results.json.", ""]
   a = results.get("ann")
   if a:
-    sb, best, h = a["scann_build"], a.get("scann_best"), a["hnsw"]
+    sb, best, h = a["scann_build"], a.get("scann_best"), a.get("hnsw")
     lines += [f"## {a['n']:,} x {a['d']} float16 clustered unit vectors, {a['queries']} queries, "
               f"recall@{a['k']} against exact search", "",
               "| | build s | private peak | queries/s at recall >= "
@@ -397,12 +406,13 @@ def write_report(args, results: dict) -> None:
                    f"search | {best['qps']:,.0f} | {best['recall']:.4f} | leaves "
                    f"{best['leaves_to_search']}/{sb['params']['num_leaves']}, reorder "
                    f"{best['reorder_k']} |")
-    hb = h.get("best")
-    lines.append(f"| FAISS HNSW (M {h['m']}, efConstruction {h['ef_construction']}) | "
-                 f"{h['build_s']:.0f} | {g(h['peak_private'])} | "
-                 f"{hb['qps']:,.0f} | {hb['recall']:.4f} | efSearch {hb['efSearch']} |"
-                 if hb else f"| FAISS HNSW (M {h['m']}) | {h['build_s']:.0f} | "
-                 f"{g(h['peak_private'])} | target not reached | | |")
+    hb = h.get("best") if h else None
+    if h:
+      lines.append(f"| FAISS HNSW (M {h['m']}, efConstruction {h['ef_construction']}) | "
+                   f"{h['build_s']:.0f} | {g(h['peak_private'])} | "
+                   f"{hb['qps']:,.0f} | {hb['recall']:.4f} | efSearch {hb['efSearch']} |"
+                   if hb else f"| FAISS HNSW (M {h['m']}) | {h['build_s']:.0f} | "
+                   f"{g(h['peak_private'])} | target not reached | | |")
     lines.append(f"| exact (JAX) | - | - | {a['exact_qps']:,.0f} | 1 | |")
     if best and hb:
       lines += ["", f"ScaNN / HNSW queries/s at the target: **{best['qps'] / hb['qps']:.2f}**."]
@@ -454,10 +464,19 @@ def main(argv=None) -> int:
   p.add_argument("--encoder-for-dim", default="",
                  help="an encoder folder whose dimension is --dim (default: a random BERT of "
                       "that width is made)")
-  p.add_argument("--skip", default="", help="comma-separated phases to skip: ann,store,tiny")
+  p.add_argument("--skip", default="",
+                 help="comma-separated phases to skip: ann, hnsw (ScaNN and exact only), store, "
+                      "tiny")
+  p.add_argument("--smoke", action="store_true",
+                 help="the whole path at toy sizes (5k x 32, tiny builds of 500 / 1,000) in "
+                      "./rlrag_scale_smoke")
   p.add_argument("--workdir", default="/tmp/rlrag_scale")
   p.add_argument("--out", default="docs/results/retrieval_scale")
   args = p.parse_args(argv)
+  if args.smoke:
+    args.n, args.dim, args.clusters, args.queries = 5000, 32, 20, 50
+    args.tiny_sizes, args.workdir = "500,1000", "rlrag_scale_smoke"
+    args.out = str(pathlib.Path(args.workdir) / "out")
   work = pathlib.Path(args.workdir)
   work.mkdir(parents=True, exist_ok=True)
   if not args.encoder_for_dim:   # the import checks the vectors' width against an encoder's

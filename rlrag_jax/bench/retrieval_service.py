@@ -295,7 +295,12 @@ def main(argv=None) -> dict:
   p.add_argument("--workdir", default="/tmp/rlrag_retrieval_service",
                  help="where the index is cached and the server logs go")
   p.add_argument("--out", default="", help="write README.md, results.json, latency.png here")
+  p.add_argument("--smoke", action="store_true",
+                 help="4 clients for 2 s over 300 passages, one round (the whole path, toy sizes)")
   args = p.parse_args(argv)
+  if args.smoke:
+    args.clients, args.seconds, args.warm_up_s, args.rounds = 4, 2.0, 0.5, 1
+    args.passages, args.workdir = 300, "rlrag_service_smoke"
   for name in ("clients", "max_requests", "rounds"):
     if getattr(args, name) < 1:
       p.error(f"--{name.replace('_', '-')} must be >= 1")

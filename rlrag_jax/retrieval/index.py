@@ -330,6 +330,7 @@ class ScannIndex:
     import scann  # pylint: disable=g-import-not-at-top
     from scann.scann_ops import scann_assets_pb2  # pylint: disable=g-import-not-at-top
     from google.protobuf import text_format  # pylint: disable=g-import-not-at-top
+    src = pathlib.Path(src).resolve()     # ScaNN reads a relative asset path as empty
     pbtxt = src / "scann_assets.pbtxt"
     if not pbtxt.is_file():
       raise FileNotFoundError(f"{pbtxt}: missing; the ScaNN index folder is incomplete")
@@ -342,7 +343,7 @@ class ScannIndex:
       # the file name and look for it next to the pbtxt.
       local = src / os.path.basename(a.asset_path)
       if a.asset_type == scann_assets_pb2.ScannAsset.DATASET_NPY and dataset is not None:
-        local = dataset
+        local = pathlib.Path(dataset).resolve()
       if not local.is_file():
         raise FileNotFoundError(f"{local}: ScaNN asset listed in {pbtxt} is missing")
       a.asset_path = str(local)

@@ -111,6 +111,15 @@ def test_save_load_identical_results(tmp_path, vectors, scann_retriever, backend
     loaded.search(["a query"], k=3)
 
 
+def test_a_relative_folder_loads(tmp_path, vectors, scann_retriever, monkeypatch):
+  db, q = vectors
+  scann_retriever.save(tmp_path / "rel")
+  monkeypatch.chdir(tmp_path)          # ScaNN once read a relative asset path as an empty file
+  loaded = Retriever.load("rel")
+  assert loaded.index.mode == "partitioned"
+  assert _ids(loaded.search_embeddings(q, 5)) == _ids(scann_retriever.search_embeddings(q, 5))
+
+
 def test_build_search_with_an_encoder(tmp_path):
   enc = HashEncoder(dim=D)
   corpus = [{"id": "a", "title": "Paris", "text": "capital of france on the seine"},
