@@ -174,7 +174,8 @@ def measure(index: pathlib.Path, qs: list, args, logs: pathlib.Path) -> tuple:
   servers = {}
   try:
     for mode in MODES:
-      servers[mode] = Server(index, MODES[mode], logs / f"server_{mode}.log")
+      extra = list(MODES[mode]) + (["--no-warm-up"] if getattr(args, "smoke", False) else [])
+      servers[mode] = Server(index, extra, logs / f"server_{mode}.log")
     health = {mode: srv.wait_ready() for mode, srv in servers.items()}
     if args.warm_up_s > 0:
       for mode, srv in servers.items():
@@ -296,7 +297,8 @@ def main(argv=None) -> dict:
                  help="where the index is cached and the server logs go")
   p.add_argument("--out", default="", help="write README.md, results.json, latency.png here")
   p.add_argument("--smoke", action="store_true",
-                 help="4 clients for 2 s over 300 passages, one round (the whole path, toy sizes)")
+                 help="4 clients for 2 s over 300 passages, one round, servers not warmed up "
+                      "(the whole path, toy sizes)")
   args = p.parse_args(argv)
   if args.smoke:
     args.clients, args.seconds, args.warm_up_s, args.rounds = 4, 2.0, 0.5, 1
