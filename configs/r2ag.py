@@ -52,6 +52,9 @@ Presets (`get_config(arg)`):
            300 validation questions (150 2Wiki + 150 MuSiQue, data.val_mix) evaluated every 10
            RL steps, the best state kept, early stopping (eval.val_*, early_stop_patience);
            evaluation with t = M/2 per dataset (r2ag.eval.t_base_by_dataset);
+           Qwen3's thinking on for the steering model (model.thinking: its <think>...</think>
+           is the format's reasoning segment, which the parser and reward read in the
+           completion; the generator's answers keep it off, r2ag.eval.generator_thinking);
            evaluation on 1,000 random dev questions of each of HotpotQA, 2Wiki and MuSiQue
            (appendix C.2), drawn per dataset with `seed`.
 
@@ -238,6 +241,11 @@ def get_config(arg: str = ""):
       _gpu(c)
   elif arg == "paper":
     config_base.use_hf_model(c)
+    # Appendix G.1: the steering model writes <think>...</think> before its queries, and a step
+    # without it scores 0 (appendix B.2). That is Qwen3-8B's own thinking output: the template
+    # leaves the model to open <think> (thinking off would pre-fill an empty think block in
+    # the prompt, and the reward reads only the completion).
+    c.model.thinking = True
     c.models.generator = ml_collections.ConfigDict(dict(path=""))
     c.data.prompt_style = "paper"
     # Appendix B.2: 500 random HotpotQA, 3,000 2Wiki and 1,174 MuSiQue training questions
