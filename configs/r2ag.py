@@ -121,7 +121,9 @@ Differences from the paper, with the reason:
     column asked with G.2's prompt (methods/r2ag/prompts.py JUDGE_SYSTEM, the paper's text; the
     user turn follows its instances, and at most 256 reply tokens for the analysis, ours).
   - The learning rate: the paper gives "an initial learning rate of 1e-6" and no schedule;
-    ':paper' keeps it constant (rl.lr_schedule 'constant', no warm-up), our reading.
+    ':paper' keeps it constant (rl.lr_schedule 'constant', no warm-up), our reading. It gives
+    no mini-batches or PPO epochs either: one optimizer update per prompt batch (rl.mu 1),
+    ours.
   - The SFT warm-up is ours (the paper RL-trains Qwen3-8B directly): a from-scratch CPU model
     cannot write the format without it. Its oracle (prompts.py) reads the gold decomposition;
     its predicted queries use the gold answers (the oracle "knows" the next hop). It is kept

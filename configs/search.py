@@ -100,6 +100,11 @@ Differences from the paper ('paper' and its ablations), with the reason:
     to 2048 + 16384.
   - Micro-batching (16 per update) is ours (memory), the update itself is one step per batch of
     32 x 32 completions (ppo_mini_batch_size 32).
+  - Values the paper does not give, ours: the clip range 0.2 / 0.28 (rl.clip_eps_low /
+    rl.clip_eps_high: Eq. 3 names epsilon_low and epsilon_high without values; these are
+    DAPO's), the retrieval-count weight beta 0.3 in Eqs. 10-11 (reward.beta), top-5 documents a
+    search (tool.top_k; Figure 5 varies k without naming the training value), redraws of
+    flat groups (rl.dynamic_max_tries 3).
 
 Method-specific sections (the trainer reads the others):
   reward     beta, stage2_step (first RL step with stage-2 rewards; <= 0: never), match ('em' |
