@@ -75,8 +75,9 @@ PAPER = {
         "rl.kl_form": "loss", "entropy": True, "model.thinking": False},
     # Appendix D.4: full-parameter SFT with a cosine schedule and warm-up (epochs, lr, batch
     # lost); SFT only.
+    # Search-R1's retrieval environment (section 4: e5 over the December 2018 Wikipedia).
     "apex_executor": {"sft.lr_schedule": "cosine", "warmup": True, "rl_runs": False,
-                      "model.thinking": False},
+                      "model.thinking": False, "retrieval.corpus": "wiki-18"},
     # Appendix B.2: 500 / 3,000 / 1,174 training questions, 150 + 150 for validation, prompt
     # batch 128, group 12, AdamW at 1e-6, clip 0.2 / 0.28, no KL (DAPO, Eq. 6), 4,096 output
     # tokens, 5 iterations, k = 1, t = 4 / 2, alpha 0.2, beta 0.3, gamma 0.2, ell 1.25, format
@@ -101,6 +102,7 @@ DEPARTS = {
     "search": {"retrieval.corpus": "September 2025 Wikipedia"},
     "sparkle": {"train": "no NQ", "retrieval.corpus": "One corpus for all six sets"},
     "r2ag": {"retrieval.corpus": "original document collections"},
+    "apex_executor": {"retrieval.corpus": "the preset refuses to start until a corpus is named"},
 }
 
 OURS = {
@@ -117,9 +119,11 @@ OURS = {
                      "rl.kl_beta": "KL coefficient 0.001",
                      "rl.entropy_coef": "entropy coefficient 0.001",
                      "rl.clip_eps_low": "clip 0.2", "rl.max_new_tokens": "lengths 1024",
-                     "rl.aggregation": "Loss aggregation"},
+                     "rl.aggregation": "Loss aggregation",
+                     "apex.sepr_threshold": "SEPR threshold"},
     "apex_executor": {"sft.epochs": "3 epochs", "sft.lr": "lr 1e-5",
-                      "sft.batch_size": "64 samples per"},
+                      "sft.batch_size": "64 samples per", "apex.top_k": "Ours: k=3",
+                      "apex.max_hops": "H=5 in ':paper'"},
     "r2ag": {"rl.lr_schedule": "no schedule", "rl.mu": "one optimizer update per prompt batch",
              "eval.val_every": "the interval, the metric"},
 }
