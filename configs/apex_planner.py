@@ -31,11 +31,13 @@ Presets (`get_config(arg)`):
                moves further per Adam step) and muP's 1/width; ours, to be tuned on a GPU. The
                200 SFT steps were chosen to leave the CPU model a partial warm-up (SEPR ~0.33);
                whether they leave the wider one room for RL is to be checked on the GPU run.
-  'paper'  the paper's appendix D.3 where its text kept the value: GRPO, 3 epochs over the
-           MuSiQue training questions (rl.epochs: the steps follow from the questions the run
-           has; see below for the paper's 10,473), 8 samples per group, a KL loss and an
-           entropy bonus, bf16; an HF instruct checkpoint (set model.path) and the real data
-           (data.dir); held-out SEPR on the whole MuSiQue dev set (its 2,417 questions).
+  'paper'  the paper's appendix D.3 where its text kept the value: GRPO, 3 epochs over
+           10,473 random MuSiQue training questions (section 4 / appendix C; drawn with
+           `seed`; rl.epochs: the steps follow from the questions the run has, 123 at
+           10,473), 8 samples per group, a KL loss and an entropy bonus, bf16; verl's
+           token-mean loss aggregation (rl.aggregation); an HF instruct checkpoint (set
+           model.path) and the real data (data.dir); held-out SEPR on the whole MuSiQue dev
+           set (its 2,417 questions).
 
 GPU budget (':gpu'; assumptions, to be checked on a GPU): training FLOPs ~ 6 x params x
 tokens, sampling ~ 2 x params x generated tokens; updates at 20% MFU of the H100's ~990 bf16
@@ -68,16 +70,20 @@ Differences from the paper, with the reason:
     docs/results/apex_sepr_threshold/). The paper's encoder is an unnamed sentence-transformer;
     ours is all-MiniLM-L6-v2 (apex.encoder_path points elsewhere).
   - Training questions ('paper'): the paper uses "10,473 examples from the MuSiQue training
-    set" and does not say how they were chosen from MuSiQue-Ans train's 19,938. Ours are all
-    of them (less any with more than apex.max_steps gold steps: none in MuSiQue), so 3 epochs
-    are ceil(3 x 19,938 / 256) = 234 steps where the paper's are ceil(3 x 10,473 / 256) = 123
-    (eval.every and checkpoint.every 78: once an epoch of ours). A seeded random 10,473,
-    --config.data.mix=musique:train:10473, gives the paper's count and its 123 steps. On the
-    shared samples (100 MuSiQue train questions) 3 epochs are 2 steps, and 100 questions are
-    fewer than one batch of 256.
+    set" and does not say how they were chosen from MuSiQue-Ans train's 19,938: ours are a
+    random 10,473 drawn with `seed` (data.mix 'musique:train:10473'; any with more than
+    apex.max_steps gold steps left out: none in MuSiQue), so 3 epochs are
+    ceil(3 x 10,473 / 256) = 123 steps (eval.every and checkpoint.every 41: once an epoch).
+    Until issue 53 the preset took all 19,938 (234 steps). A split smaller than the quota is
+    taken whole (data.allow_short): on the shared samples (100 MuSiQue train questions) 3
+    epochs are 2 steps, and 100 questions are fewer than one batch of 256.
   - Lost from appendix D.3, our choices: lr 1e-6 (constant), 256 prompts per update, KL
     coefficient 0.001 with the k3 estimator (verl's low_var_kl default), entropy coefficient
     0.001, clip 0.2, prompt and response lengths 1024, temperature 1.0.
+  - Loss aggregation ('paper'): the paper does not name one; rl.aggregation 'token_mean' is
+    verl's default loss_agg_mode ('token-mean': every token of the update's batch weighs the
+    same), the framework the paper trains with. The CPU default keeps the engine's
+    'sequence_mean' (its committed numbers were measured with it).
   - Gold plans for MuSiQue: the paper rewrote MuSiQue's symbolic decomposition steps ("#1 >>
     spouse") into natural language with DeepSeek-V3; ours are template rules per Wikidata
     relation with a generic fallback (rlrag_jax/methods/apex/rewrite.py, applied on the fly or
@@ -143,10 +149,14 @@ def get_config(arg: str = ""):
   elif arg == "paper":
     config_base.use_hf_model(c)
     c.data.prompt_style = "paper"
+    # Section 4 / appendix C: 10,473 MuSiQue training questions (drawn with `seed`; a smaller
+    # split is taken whole).
+    c.data.mix = ("musique:train:10473",)
+    c.data.allow_short = True
     c.data.max_train = 0
     c.data.max_eval = 0             # the whole MuSiQue dev set (data.eval_mix)
     # 3 epochs over the training questions the run has, the steps computed at start-up
-    # (stages.resolve_steps): on the whole MuSiQue-Ans train set, ceil(3 x 19,938 / 256) = 234.
+    # (stages.resolve_steps): ceil(3 x 10,473 / 256) = 123.
     c.rl.epochs = 3.0
     c.rl.prompts_per_step = 256
     c.rl.group_size = 8
@@ -160,10 +170,11 @@ def get_config(arg: str = ""):
     c.rl.entropy_coef = 0.001
     c.rl.clip_eps_low = 0.2
     c.rl.clip_eps_high = 0.2
+    c.rl.aggregation = "token_mean"  # verl's default loss_agg_mode (the paper trains with verl)
     c.eval.max_new_tokens = 1024
     c.eval.num_examples = 2417      # MuSiQue-Ans dev, whole
-    c.eval.every = 78               # once an epoch of the whole train set (ceil(19,938 / 256))
-    c.checkpoint.every = 78
+    c.eval.every = 41               # once an epoch (ceil(10,473 / 256))
+    c.checkpoint.every = 41
   else:
     raise ValueError(f"configs/apex_planner.py: unknown preset {arg!r}; expected '', 'gpu' or "
                      "'paper'")

@@ -52,6 +52,9 @@ Presets (`get_config(arg)`):
            300 validation questions (150 2Wiki + 150 MuSiQue, data.val_mix) evaluated every 10
            RL steps, the best state kept, early stopping (eval.val_*, early_stop_patience);
            evaluation with t = M/2 per dataset (r2ag.eval.t_base_by_dataset);
+           Qwen3's thinking on for the steering model (model.thinking: its <think>...</think>
+           is the format's reasoning segment, which the parser and reward read in the
+           completion; the generator's answers keep it off, r2ag.eval.generator_thinking);
            evaluation on 1,000 random dev questions of each of HotpotQA, 2Wiki and MuSiQue
            (appendix C.2), drawn per dataset with `seed`.
 
@@ -118,7 +121,9 @@ Differences from the paper, with the reason:
     column asked with G.2's prompt (methods/r2ag/prompts.py JUDGE_SYSTEM, the paper's text; the
     user turn follows its instances, and at most 256 reply tokens for the analysis, ours).
   - The learning rate: the paper gives "an initial learning rate of 1e-6" and no schedule;
-    ':paper' keeps it constant (rl.lr_schedule 'constant', no warm-up), our reading.
+    ':paper' keeps it constant (rl.lr_schedule 'constant', no warm-up), our reading. It gives
+    no mini-batches or PPO epochs either: one optimizer update per prompt batch (rl.mu 1),
+    ours.
   - The SFT warm-up is ours (the paper RL-trains Qwen3-8B directly): a from-scratch CPU model
     cannot write the format without it. Its oracle (prompts.py) reads the gold decomposition;
     its predicted queries use the gold answers (the oracle "knows" the next hop). It is kept
@@ -238,6 +243,11 @@ def get_config(arg: str = ""):
       _gpu(c)
   elif arg == "paper":
     config_base.use_hf_model(c)
+    # Appendix G.1: the steering model writes <think>...</think> before its queries, and a step
+    # without it scores 0 (appendix B.2). That is Qwen3-8B's own thinking output: the template
+    # leaves the model to open <think> (thinking off would pre-fill an empty think block in
+    # the prompt, and the reward reads only the completion).
+    c.model.thinking = True
     c.models.generator = ml_collections.ConfigDict(dict(path=""))
     c.data.prompt_style = "paper"
     # Appendix B.2: 500 random HotpotQA, 3,000 2Wiki and 1,174 MuSiQue training questions

@@ -35,6 +35,8 @@ Presets (`get_config(arg)`):
           instruction, correctness (reward and accuracy) by the B.4 LLM judge (set
           reward.judge_url / reward.judge_model), r_s as Eq. 8, the table's lengths (prompt
           2048, observation 4096, action 8192, response 16384 tokens). Stage 2 from step 251.
+          Qwen3's thinking on (model.thinking): the B.4 format's opening <think>...</think> is
+          the reasoning model's own, written in the completion where the parser reads it.
   Ablations of the paper's Table 4 / Table 2, each 'paper' with one change:
   'paper_no_stage1'  stage-2 rewards from the first step (no stage 1).
   'paper_no_stage2'  stage-1 rewards throughout (no stage 2).
@@ -98,6 +100,11 @@ Differences from the paper ('paper' and its ablations), with the reason:
     to 2048 + 16384.
   - Micro-batching (16 per update) is ours (memory), the update itself is one step per batch of
     32 x 32 completions (ppo_mini_batch_size 32).
+  - Values the paper does not give, ours: the clip range 0.2 / 0.28 (rl.clip_eps_low /
+    rl.clip_eps_high: Eq. 3 names epsilon_low and epsilon_high without values; these are
+    DAPO's), the retrieval-count weight beta 0.3 in Eqs. 10-11 (reward.beta), top-5 documents a
+    search (tool.top_k; Figure 5 varies k without naming the training value), redraws of
+    flat groups (rl.dynamic_max_tries 3).
 
 Method-specific sections (the trainer reads the others):
   reward     beta, stage2_step (first RL step with stage-2 rewards; <= 0: never), match ('em' |
@@ -260,6 +267,10 @@ def _gpu(c) -> None:
 def _paper(c) -> None:
   """The paper's protocol (see the module docstring for each value's source)."""
   config_base.use_hf_model(c)         # set --config.model.path=/path/to/Qwen3-4B
+  # B.4: "Always begin with <think>...</think>", Qwen3's own thinking output: the template
+  # leaves the model to open <think> (thinking off would pre-fill an empty think block in the
+  # prompt, and the parser reads only the completion).
+  c.model.thinking = True
   c.data.prompt_style = "paper"
   c.data.mix = ("2wiki:train",)
   c.data.eval_mix = ()                # evaluation = the held-out 20% of the training selection

@@ -57,7 +57,9 @@ Presets (`get_config(arg)`):
            the reward (rl.kl_form), batch 1,024 decisions per optimizer update
            (rl.ppo.mini_batch_size: max(1, round(n / 1,024)) updates for a step's n decisions),
            64 questions per rollout, rl.epochs 1 (one pass over the training questions loaded:
-           117 steps at the paper's 7,500), cosine schedule over the RL steps, max length 2048, tree
+           117 steps at the paper's 7,500), cosine schedule over the RL steps, max length 2048
+           (SFT rows, sft.max_len, and in RL each proxy call's prompt + output,
+           sparkle.max_len), 160 new tokens a proxy call for every role (sparkle.max_new), tree
            depth 4; 3,000 each of HotpotQA, 2Wiki and NQ train (NQ is not among the shared
            samples: the preset mixes HotpotQA and 2Wiki), 1/6 of them held out for validation
            (sparkle.valid_fraction; the paper's 1,500 of 9,000); evaluation on up to 1,000 random questions of each
@@ -116,7 +118,8 @@ Differences from the paper, with the reason:
     `sparkle.sft_trajectories` points the warm-up at them. Without either, set sft.epochs=0.
   - Values from the authors' released OpenRLHF-based code (training_script.sh and its PPO CLI
     defaults), not in the paper: clip 0.2, value clip 0.2, GAE λ 0.95, γ 1, the k1 KL estimator,
-    temperature 1.0, 160 generated tokens per call. Their code adds the KL to the per-token
+    temperature 1.0, 160 generated tokens per call (':paper': sparkle.max_new 160 for the
+    decision, the formulation and the selection alike). Their code adds the KL to the per-token
     reward with a coefficient scaled by each action's length and normalises advantages per
     action type; ':paper' adds -0.002 x k1 to every policy token's reward (rl.kl_form='reward')
     without the per-action length scaling (the paper gives neither; its Table 6 gives the
@@ -136,6 +139,11 @@ Differences from the paper, with the reason:
   - The reward: α·Recall + (1 − α)·F1 with α = 0.3 as the paper writes it
     (sparkle.reward.weighting='paper'); the released code weights them the other way round
     ('code').
+  - Training data ('paper'): 3,000 HotpotQA and 3,000 2Wiki training questions; no NQ, where
+    the paper also draws 3,000: R = α·Recall(final context) + (1 − α)·F1 needs gold paragraphs,
+    and NQ is read only in FlashRAG's format, whose questions carry none (nor do the shared
+    samples hold an NQ train split). Add 'nq:train:3000' to data.mix with a loader that gives
+    NQ gold passages.
   - The update schedule (':paper'): Table 6's batch 1,024 read as decisions (PPO samples) per
     optimizer update; a step's tree rollout of 64 questions yields a varying number n of
     decisions, split into max(1, round(n / 1,024)) shuffled mini-batches of near-equal size
@@ -197,6 +205,9 @@ def base_config() -> ml_collections.ConfigDict:
           ki_mode="triple",               # 'document': KI selects a document; 'all': w/o KI
           all_docs=0)),                   # ki_mode 'all': documents added a retrieval (0: top_docs)
       max_new=ml_collections.ConfigDict(dict(rd=8, qf=160, ki=48, reader=160)),
+      # A proxy call's prompt + output tokens (0: the proxy model's positions); the prompt
+      # keeps its last tokens when it would not fit with the role's max_new.
+      max_len=0,
       reward=ml_collections.ConfigDict(dict(alpha=0.3, weighting="paper")),
       # An OpenAI-compatible reader instead of models.reader (plug-and-play: any reader):
       # `concurrency` requests in flight at once; the run stops once more than
@@ -298,6 +309,11 @@ def get_config(arg: str = ""):
     # KL 0.002 in the reward, as the authors' OpenRLHF-based code adds it (k1's expected
     # gradient as a loss term is zero: it only moved the loss value).
     c.rl.kl_form = "reward"
+    # Table 6's max length 2048 in RL too: a proxy call's prompt + output (as sft.max_len).
+    c.sparkle.max_len = 2048
+    # The authors' code generates at most 160 tokens a call (module docstring), every role
+    # alike: the decision and the selection too (the CPU default caps them far lower).
+    c.sparkle.max_new.update(dict(rd=160, qf=160, ki=160, reader=160))
     c.rl.max_new_tokens = 160
     c.rl.micro_batches = 1
     c.eval.max_new_tokens = 160

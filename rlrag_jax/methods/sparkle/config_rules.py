@@ -20,6 +20,7 @@ RULES = {
     "sparkle.agent.ki_mode": cc.OneOf(agent.KI_MODES),
     "sparkle.agent.all_docs": cc.COUNT_OR_OFF,       # 0: top_docs
     "sparkle.max_new.*": cc.COUNT,
+    "sparkle.max_len": cc.COUNT_OR_OFF,              # 0: the proxy model's positions
     "sparkle.reward.alpha": cc.FRACTION,
     "sparkle.reward.weighting": cc.OneOf(rewards.WEIGHTINGS),
     "sparkle.reader.max_tokens": cc.COUNT,

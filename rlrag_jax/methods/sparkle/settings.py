@@ -74,6 +74,7 @@ class SparkleSettings:
   tree: TreeSettings
   agent: AgentSettings
   max_new: MaxNewSettings
+  max_len: int              # prompt + output tokens of a proxy call (0: the model's positions)
   reward: RewardConfig
   reader: ReaderSettings
   triples_file: str

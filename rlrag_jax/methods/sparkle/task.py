@@ -201,6 +201,7 @@ class ProxyTask(Task):
     self.explore = s.rollout == "tree"
     self.max_new = {k: int(v) for k, v in dataclasses.asdict(s.max_new).items()}
     self.positions = int(config.model.max_position_embeddings)   # the policy's, once bound
+    self.max_len = int(s.max_len)       # > 0: a proxy call's prompt + output cap (Table 6)
     self.reader = None
     self._sft = None
     self.sft_counts = {}
@@ -248,8 +249,10 @@ class ProxyTask(Task):
 
   def role_prompt_ids(self, role: str, text: str) -> list:
     """A role's prompt ids, keeping the last tokens when the prompt and the role's longest
-    output would not fit the model's positions (the same ids are sampled and trained on)."""
-    room = self.positions - self.max_new[role]
+    output would not fit the model's positions or `sparkle.max_len` (the same ids are sampled
+    and trained on)."""
+    length = min(self.positions, self.max_len) if self.max_len > 0 else self.positions
+    room = max(1, length - self.max_new[role])
     return self.encode(text)[-room:]
 
   def _read(self, requests, rows_per_call: int):
