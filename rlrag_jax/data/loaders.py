@@ -413,9 +413,12 @@ def _read_jsonl(path: pathlib.Path, report: LoadReport) -> Iterator[tuple]:
 
 
 def _iter_parsed(path: pathlib.Path, parse: Callable, skip_invalid: bool,
-                 report: LoadReport, with_lines: bool = False) -> Iterator[Any]:
+                 report: LoadReport, with_lines: bool = False,
+                 read: Callable = None) -> Iterator[Any]:
+  """Parsed records of `path` (read by `read`, default JSONL), a malformed one raised or (with
+  `skip_invalid`) counted in `report`; `with_lines`: (1-based line, record) pairs."""
   report.path = str(path)
-  for line_no, rec in _read_jsonl(path, report):
+  for line_no, rec in (read or _read_jsonl)(path, report):
     try:
       if isinstance(rec, DataError):
         raise rec
@@ -642,26 +645,8 @@ def iter_corpus(name_or_path: PathLike, skip_invalid: bool = False,
   """
   report = LoadReport() if report is None else report
   path = corpus_path(name_or_path)
-  if corpus_format(path) == "dpr_tsv":
-    report.path = str(path)
-    for line_no, rec in _read_dpr_tsv(path, report):
-      try:
-        if isinstance(rec, DataError):
-          raise rec
-        out = _parse_corpus_record(rec, _Where(path, line_no, report.num_records - 1, report))
-      except DataError as e:
-        if not skip_invalid:
-          raise
-        report.num_skipped += 1
-        report.errors.append(str(e))
-        continue
-      report.num_loaded += 1
-      yield (line_no, out) if with_lines else out
-    if report.num_skipped:
-      log.warning("%s: skipped %d malformed of %d records (first: %s)", path,
-                  report.num_skipped, report.num_records, report.errors[0])
-    return
-  yield from _iter_parsed(path, _parse_corpus_record, skip_invalid, report, with_lines)
+  read = _read_dpr_tsv if corpus_format(path) == "dpr_tsv" else _read_jsonl
+  yield from _iter_parsed(path, _parse_corpus_record, skip_invalid, report, with_lines, read)
 
 
 def load_corpus(name_or_path: PathLike, skip_invalid: bool = False,

@@ -149,12 +149,7 @@ def encode_sharded(encoder, texts, batch_size: int, mesh,
     for start in range(0, len(ids), batch_size):
       sel = order[start:start + batch_size]
       t = encoder._bucket(int(lengths[sel].max()))   # pylint: disable=protected-access
-      tok = np.full((batch_size, t), encoder.pad_id, np.int32)   # [B, T]
-      mask = np.zeros((batch_size, t), np.int32)
-      for r, j in enumerate(sel):
-        seq = ids[j][:t]
-        tok[r, :len(seq)] = seq
-        mask[r, :len(seq)] = 1
+      tok, mask = encoder.pad_rows([ids[j] for j in sel], batch_size, t)   # [B, T] each
       emb = encoder.embed_fn(params, jax.device_put(tok, rows_in), jax.device_put(mask, rows_in))
       pending.append((c0 + sel, emb))
       if len(pending) > 4:      # bounded look-ahead: device memory stays a few batches

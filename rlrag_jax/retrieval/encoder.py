@@ -654,16 +654,22 @@ class Encoder:
       sel = order[start:start + batch_size]
       t = self._bucket(int(lengths[sel].max()))
       rows = batch_size if len(sel) == batch_size else min(batch_size, 1 << (len(sel) - 1).bit_length())
-      tok = np.full((rows, t), self.pad_id, np.int32)   # [B, T]
-      mask = np.zeros((rows, t), np.int32)
-      for r, j in enumerate(sel):
-        seq = ids[j][:t]
-        tok[r, :len(seq)] = seq
-        mask[r, :len(seq)] = 1
+      tok, mask = self.pad_rows([ids[j] for j in sel], rows, t)
       pending.append((sel, self._embed(self.params, tok, mask)))  # async dispatch
     for sel, emb in pending:
       out[sel] = np.asarray(emb)[:len(sel)]
     return out
+
+  def pad_rows(self, seqs: Sequence, rows: int, t: int) -> tuple:
+    """Token id lists -> (ids [rows, t], mask [rows, t]) int32, right-padded and cut to t; the
+    rows past len(seqs) are all padding."""
+    tok = np.full((rows, t), self.pad_id, np.int32)
+    mask = np.zeros((rows, t), np.int32)
+    for r, seq in enumerate(seqs):
+      seq = seq[:t]
+      tok[r, :len(seq)] = seq
+      mask[r, :len(seq)] = 1
+    return tok, mask
 
   def encode_queries(self, texts: Sequence[str], batch_size: int = 64) -> np.ndarray:
     """Queries -> vectors [N, d]: `encode` of query_prefix + text."""
