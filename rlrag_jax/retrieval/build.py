@@ -272,27 +272,14 @@ def scann_slices(n: int, d: int, budget_factor: float = 1.5, budget_const: float
 
 
 def build_index(out: pathlib.Path, backend: str, embeddings: np.ndarray, params: dict):
-  """The index over `embeddings` (memory-mapped); ScaNN trains on a file-backed float32 map, in
-  `scann_slices` row slices."""
+  """The index over `embeddings` (a float16 memory map): ScaNN in `scann_slices` row slices, each
+  widened to float32 in a file-backed map of its own (ScaNN takes float32)."""
   from rlrag_jax.retrieval import index as index_lib  # pylint: disable=g-import-not-at-top
   if backend == "exact":
     return index_lib.ExactIndex(embeddings)
-  f32 = out / ".embeddings.f32.tmp.npy"
-  mm = np.lib.format.open_memmap(f32, mode="w+", dtype=np.float32, shape=embeddings.shape)
-  step = 1 << 16
-  for i in range(0, embeddings.shape[0], step):
-    mm[i:i + step] = embeddings[i:i + step]
-  mm.flush()
-  del mm
-  try:
-    db = np.load(f32, mmap_mode="r")
-    params = dict(params)
-    slices = int(params.pop("slices", 0) or scann_slices(*db.shape))
-    idx = index_lib.ScannSlices.build(db, slices, folder=out, **params)
-    del db
-  finally:
-    f32.unlink(missing_ok=True)
-  return idx
+  params = dict(params)
+  slices = int(params.pop("slices", 0) or scann_slices(*embeddings.shape))
+  return index_lib.ScannSlices.build(embeddings, slices, folder=out, **params)
 
 
 # ------------------------------------------------------------------------------ the run

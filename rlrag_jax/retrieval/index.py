@@ -18,6 +18,7 @@ rebuilds it. The Retriever owns the embeddings file; ScaNN reuses it instead of 
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import math
@@ -365,6 +366,26 @@ class _Shape:
     self.shape = tuple(int(x) for x in shape)
 
 
+@contextlib.contextmanager
+def _float32_rows(embeddings, a: int, b: int, folder: pathlib.Path):
+  """Rows a..b-1 as float32: the array itself when it is float32 already, else a file-backed
+  memory map written chunk by chunk and removed afterwards."""
+  if embeddings.dtype == np.float32:
+    yield embeddings[a:b]
+    return
+  path = folder / f".scann-rows-{a}-{b}.f32.npy"
+  mm = np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=(b - a,
+                                                                          embeddings.shape[1]))
+  try:
+    for i in range(a, b, 1 << 16):
+      mm[i - a:min(b, i + (1 << 16)) - a] = embeddings[i:min(b, i + (1 << 16))]
+    mm.flush()
+    yield np.load(path, mmap_mode="r")
+  finally:
+    del mm
+    path.unlink(missing_ok=True)
+
+
 def _return_freed_memory() -> None:
   """glibc keeps freed heap memory for reuse; malloc_trim hands it back to the system, so that a
   build's peak is one slice's, as measured (a no-op where there is no glibc)."""
@@ -395,17 +416,21 @@ class ScannSlices:
   @classmethod
   def build(cls, embeddings, slices: int, folder=None, **params) -> "ScannSlices":
     """Builds slice by slice; with `folder`, each slice is saved there and reloaded, so only one
-    slice's build buffers are alive at a time."""
+    slice's build buffers are alive at a time, and a float16 database is widened to float32 one
+    slice at a time into a file-backed map in `folder` (ScaNN takes float32; no private copy)."""
     n, d = embeddings.shape
     bounds = [round(i * n / slices) for i in range(slices + 1)]
     if slices > 1 and n >= params.get("brute_force_below", BRUTE_FORCE_BELOW):
       params = {**params, "brute_force_below": 0}   # the whole is partitioned: so is each slice
-    if folder is None or slices == 1:
+    if folder is None:
       parts = [ScannIndex(embeddings[a:b], **params) for a, b in zip(bounds, bounds[1:])]
       return cls(parts, bounds[:-1], n, d)
     saved = []
     for i, (a, b) in enumerate(zip(bounds, bounds[1:])):
-      part = ScannIndex(embeddings[a:b], **params)
+      with _float32_rows(embeddings, a, b, pathlib.Path(folder)) as rows:
+        part = ScannIndex(rows, **params)
+      if slices == 1:
+        return cls([part], [0], n, d)
       sub = pathlib.Path(folder) / cls.SUBDIR / f"slice-{i:03d}"
       sub.mkdir(parents=True, exist_ok=True)
       part._searcher.serialize(str(sub), relative_path=True)   # pylint: disable=protected-access

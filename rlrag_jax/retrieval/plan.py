@@ -16,25 +16,29 @@ import time
 
 import numpy as np
 
-# Private memory per phase, bytes, as a function of N and d. Measured on this repo's CPU host
-# (docs/results/retrieval_scale): ScaNN's build holds ~4.6x the float16 bytes of the rows it
-# indexes (build.SCANN_BUILD_FACTOR) plus ~0.9 GiB of training samples and runtime, one slice at a
-# time; a search process holds the bfloat16 reorder copy (1x) and the 4-bit codes (0.25x): 1.14x
-# measured at 1M x 768; encoding holds one shard, the encoder and XLA's runtime (~1 GiB).
-def _scann_build(n: int, d: int) -> float:
+# Private memory per phase, bytes, as a function of N, d and the encoder's parameter count.
+# Measured on this repo's CPU host (docs/results/retrieval_scale):
+#   encode: 0.61 GiB at 100k passages with a tiny BERT (the runtime, one tokenized chunk, the
+#     bounded look-ahead), plus the encoder's float32 parameters held twice (host and device);
+#   ScaNN build: ~4.6x the float16 bytes of one row slice (build.SCANN_BUILD_FACTOR; a float32
+#     copy, residuals, codes) plus 1.7 GiB (training samples of up to 250k rows, runtime): three
+#     slices of 1M x 768 peaked at 3.85 GiB;
+#   ScaNN search: the bfloat16 reorder copy (1x) and the 4-bit codes (0.25x): 1.89 GiB at 1M x 768.
+def _scann_build(n: int, d: int, params: int) -> float:
   from rlrag_jax.retrieval import build  # pylint: disable=g-import-not-at-top
-  return build.SCANN_BUILD_FACTOR * n * d * 2 / build.scann_slices(n, d) + 0.9 * 2**30
+  del params
+  return build.SCANN_BUILD_FACTOR * n * d * 2 / build.scann_slices(n, d) + 1.7 * 2**30
 
 
 MEMORY_MODEL = {
-    "encode": lambda n, d: 1.0 * 2**30,
+    "encode": lambda n, d, params: 0.6 * 2**30 + 2 * 4 * params,
     "scann_build": _scann_build,
-    "scann_search": lambda n, d: 1.14 * n * d * 2 + 0.15 * 2**30,
-    "exact_build": lambda n, d: 0.5 * 2**30,
-    "exact_search": lambda n, d: 1.0 * n * d * 2 + 0.5 * 2**30,
+    "scann_search": lambda n, d, params: 1.14 * n * d * 2 + 0.26 * 2**30,
+    "exact_build": lambda n, d, params: 0.5 * 2**30,
+    "exact_search": lambda n, d, params: 1.0 * n * d * 2 + 0.5 * 2**30,
 }
 WIKI18 = {"passages": 21_015_324, "dim": 768, "encoder": "intfloat/e5-base-v2",
-          "jsonl_bytes": 14_000_000_000}
+          "params": 109_482_240, "jsonl_bytes": 14_000_000_000}
 
 
 def count_rows(corpus) -> int:
@@ -46,17 +50,23 @@ def count_rows(corpus) -> int:
   return rows - (loaders.corpus_format(path) == "dpr_tsv")
 
 
-def encoder_dim(encoder_path: str) -> int:
+def encoder_shape(encoder_path: str) -> tuple:
+  """(hidden size, parameter count) of a BERT-family encoder from its config.json alone."""
   from rlrag_jax.retrieval.encoder import default_model_dir  # pylint: disable=g-import-not-at-top
   folder = pathlib.Path(encoder_path).expanduser() if encoder_path else default_model_dir()
-  return int(json.loads((folder / "config.json").read_text())["hidden_size"])
+  c = json.loads((folder / "config.json").read_text())
+  h, layers = int(c["hidden_size"]), int(c["num_hidden_layers"])
+  ffn = int(c.get("intermediate_size", 4 * h))
+  embed = (int(c["vocab_size"]) + int(c.get("max_position_embeddings", 512)) + 2) * h
+  return h, embed + layers * (4 * h * h + 2 * h * ffn + 9 * h + ffn)
 
 
-def memory(phase: str, n: int, d: int) -> float:
-  return MEMORY_MODEL[phase](n, d)
+def memory(phase: str, n: int, d: int, params: int = 0) -> float:
+  return MEMORY_MODEL[phase](n, d, params)
 
 
-def figures(n: int, d: int, source_bytes: int, backend: str, shard_size: int) -> dict:
+def figures(n: int, d: int, source_bytes: int, backend: str, shard_size: int,
+            params: int = 0) -> dict:
   """Bytes of every part of a build of n passages at dimension d."""
   f16 = n * d * 2
   store = source_bytes + 24 * n        # normalised text (about the source) + offsets and id hashes
@@ -67,8 +77,8 @@ def figures(n: int, d: int, source_bytes: int, backend: str, shard_size: int) ->
       "embedding_bytes_float16": f16,
       "disk_final": store + f16 + index,
       "disk_peak": store + 2 * f16 + (2 * f16 if backend == "scann" else 0) + index,
-      "build_private_peak": max(memory("encode", n, d),
-                                memory(f"{backend}_build", n, d)),
+      "build_private_peak": max(memory("encode", n, d, params),
+                                memory(f"{backend}_build", n, d, params)),
       "search_private": memory(f"{backend}_search", n, d),
       "bound_build": 3 * f16 + 2**30,
       "bound_search": 1.5 * f16 + 2**30,
@@ -106,8 +116,8 @@ def report(args) -> str:
   from rlrag_jax.retrieval import build  # pylint: disable=g-import-not-at-top
   src = loaders.corpus_path(args.corpus)
   n = count_rows(src)
-  d = encoder_dim(args.encoder)
-  f = figures(n, d, src.stat().st_size, args.backend, args.shard_size)
+  d, params = encoder_shape(args.encoder)
+  f = figures(n, d, src.stat().st_size, args.backend, args.shard_size, params)
   lines = [f"plan for {src} ({loaders.corpus_format(src)}), encoder "
            f"{args.encoder or '(packaged MiniLM)'}, backend {args.backend}:"]
   lines += _table(f)
@@ -122,7 +132,7 @@ def report(args) -> str:
     lines.append(f"  encode: {rate:,.0f} passages/s here ({args.plan_sample} timed) -> "
                  f"{n / rate / 3600:,.2f} h for {n:,} on this process's devices")
   w = figures(WIKI18["passages"], WIKI18["dim"], WIKI18["jsonl_bytes"], "scann",
-              args.shard_size)
+              args.shard_size, WIKI18["params"])
   lines.append(f"\nthe same build at wiki-18 scale ({WIKI18['passages']:,} passages x "
                f"{WIKI18['encoder']}, d={WIKI18['dim']}, ScaNN):")
   lines += _table(w)
