@@ -53,10 +53,12 @@ def group_advantages(rewards: Array, index, scale_std: bool = True, eps: float =
   has advantage 0. Returns [N] float32.
   """
   r, valid, count, slots = _by_group(rewards, index, "rl.group_advantages")   # [K, W]
-  centred = jnp.where(valid, r - jnp.sum(r, axis=1, keepdims=True) / count, 0.0)
+  # Means and variances multiply by the reciprocal of the count: what XLA makes of a division
+  # by a constant group size, so equal groups give the float32 results of a fixed-size reshape.
+  centred = jnp.where(valid, r - jnp.sum(r, axis=1, keepdims=True) * (1.0 / count), 0.0)
   if scale_std:
     ss = jnp.sum(centred * centred, axis=1, keepdims=True)
-    std = jnp.where(count > 1, jnp.sqrt(ss / jnp.maximum(count - 1, 1)), 0.0)
+    std = jnp.where(count > 1, jnp.sqrt(ss * (1.0 / jnp.maximum(count - 1, 1))), 0.0)
     centred = centred / (std + eps)
   return centred.reshape(-1)[slots]
 
@@ -65,7 +67,7 @@ def rloo_advantages(rewards: Array, index) -> Array:
   """REINFORCE leave-one-out: r_i - mean_{j != i} r_j over the groups `index` [N] names (0 for
   a group of one). Returns [N] float32."""
   r, valid, count, slots = _by_group(rewards, index, "rl.rloo_advantages")   # [K, W]
-  others = (jnp.sum(r, axis=1, keepdims=True) - r) / jnp.maximum(count - 1, 1)
+  others = (jnp.sum(r, axis=1, keepdims=True) - r) * (1.0 / jnp.maximum(count - 1, 1))
   return jnp.where(valid & (count > 1), r - others, 0.0).reshape(-1)[slots]
 
 

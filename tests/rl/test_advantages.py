@@ -50,6 +50,27 @@ def test_registry_and_rloo():
   np.testing.assert_allclose(got, [1 - 0, 0.0, 3 - 3, 0 - 1, 2 - 3.5, 4 - 2.5], atol=1e-6)
 
 
+def test_equal_groups_give_the_fixed_size_float32_results_exactly():
+  """Groups of one size named by ids reproduce, bit for bit, the reshape to [K, G] that the
+  estimators did before they took ids (the shipped presets' shapes: 8 x 8, ARENA ':paper'
+  256 x 7, the search agent's 32 x 32)."""
+  import jax.numpy as jnp
+  rng = np.random.default_rng(3)
+  for k, g in ((8, 8), (256, 7), (32, 32), (4, 3)):
+    r = rng.normal(size=k * g).astype(np.float32)
+    index = np.repeat(np.arange(k), g)
+    grid = jnp.asarray(r).reshape(k, g)
+    c = grid - jnp.mean(grid, axis=1, keepdims=True)
+    std = jnp.sqrt(jnp.sum(c * c, axis=1, keepdims=True) / (g - 1))
+    np.testing.assert_array_equal(np.asarray(rl.group_advantages(r, index)),
+                                  np.asarray((c / (std + 1e-4)).reshape(-1)))
+    np.testing.assert_array_equal(np.asarray(rl.group_advantages(r, index, scale_std=False)),
+                                  np.asarray(c.reshape(-1)))
+    others = (jnp.sum(grid, axis=1, keepdims=True) - grid) / (g - 1)
+    np.testing.assert_array_equal(np.asarray(rl.rloo_advantages(r, index)),
+                                  np.asarray((grid - others).reshape(-1)))
+
+
 def _np_gae(rewards, values, mask, gamma, lam):
   """Reference: compress each row to its policy tokens, run textbook GAE, scatter back."""
   adv = np.zeros_like(rewards, np.float64)
