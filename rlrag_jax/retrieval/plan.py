@@ -21,13 +21,18 @@ import numpy as np
 #   encode: 0.61 GiB at 100k passages with a tiny BERT (the runtime, one tokenized chunk, the
 #     bounded look-ahead), plus the encoder's float32 parameters held twice (host and device);
 #   ScaNN build: ~4.6x the float16 bytes of one row slice (build.SCANN_BUILD_FACTOR; a float32
-#     copy, residuals, codes) plus 1.7 GiB (training samples of up to 250k rows, runtime): three
-#     slices of 1M x 768 peaked at 3.85 GiB;
+#     copy, residuals, codes) plus two float32 training samples of up to 250k rows and 0.45 GiB of
+#     runtime: three slices of 1M x 768 peaked at 3.85 GiB (the model: 4.07), 800k x 64 in one
+#     at 1.00 GiB (the model: 1.00);
 #   ScaNN search: the bfloat16 reorder copy (1x) and the 4-bit codes (0.25x): 1.89 GiB at 1M x 768.
 def _scann_build(n: int, d: int, params: int) -> float:
-  from rlrag_jax.retrieval import build  # pylint: disable=g-import-not-at-top
+  from rlrag_jax.retrieval import build, index  # pylint: disable=g-import-not-at-top
   del params
-  return build.SCANN_BUILD_FACTOR * n * d * 2 / build.scann_slices(n, d) + 1.7 * 2**30
+  if n < index.BRUTE_FORCE_BELOW:       # float brute force: ScaNN's float32 copy, no training
+    return 2 * n * d * 2 + 0.3 * 2**30
+  k = build.scann_slices(n, d)
+  sample = min(n // k, 250_000)         # k-means and hashing train on float32 samples
+  return build.SCANN_BUILD_FACTOR * n * d * 2 / k + 2 * sample * d * 4 + 0.45 * 2**30
 
 
 MEMORY_MODEL = {
@@ -76,7 +81,8 @@ def figures(n: int, d: int, source_bytes: int, backend: str, shard_size: int,
       "dim": d,
       "embedding_bytes_float16": f16,
       "disk_final": store + f16 + index,
-      "disk_peak": store + 2 * f16 + (2 * f16 if backend == "scann" else 0) + index,
+      "disk_peak": store + 2 * f16 + index + (2 * f16 / _slices(n, d) if backend == "scann"
+                                              else 0),   # shards + embeddings + a float32 slice
       "build_private_peak": max(memory("encode", n, d, params),
                                 memory(f"{backend}_build", n, d, params)),
       "search_private": memory(f"{backend}_search", n, d),
@@ -84,6 +90,11 @@ def figures(n: int, d: int, source_bytes: int, backend: str, shard_size: int,
       "bound_search": 1.5 * f16 + 2**30,
       "shards": (n + shard_size - 1) // shard_size,
   }
+
+
+def _slices(n: int, d: int) -> int:
+  from rlrag_jax.retrieval import build  # pylint: disable=g-import-not-at-top
+  return build.scann_slices(n, d)
 
 
 def _gb(x: float) -> str:
