@@ -195,7 +195,7 @@ def test_the_scann_index_of_a_build_agrees_with_exact_search(world, tmp_path):
 
 # ------------------------------------------------------------------------------ imports
 def test_prebuilt_vectors_are_imported_without_encoding(world, reference, tmp_path):
-  faiss = pytest.importorskip("faiss")
+  import faiss   # a declared test dependency (setup.cfg [test])
   vectors = np.load(reference / "embeddings.npy").astype(np.float32)
   flat = faiss.IndexFlatIP(vectors.shape[1])
   flat.add(vectors)
