@@ -183,6 +183,18 @@ class MethodName:
     return None
 
 
+# The keys of the shared tool loop (`rollout.tool_loop`), for the methods whose config has a
+# `tool` section (their config_rules spread these in).
+TOOL_RULES = {
+    "tool.top_k": COUNT,
+    "tool.max_turns": NON_NEGATIVE,                # rollout.tool_loop: >= 0
+    "tool.max_obs_tokens": NON_NEGATIVE,
+    "tool.max_total_len": COUNT,
+    "tool.min_batch": COUNT,
+    "tool.context_bucket": COUNT,
+}
+
+
 def shared_rules() -> dict:
   """The table for the trainer's sections (`config_base.trainer_config`) and the retrieval
   section every retrieving method shares."""

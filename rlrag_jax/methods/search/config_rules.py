@@ -11,12 +11,7 @@ RULES = {
     "reward.max_query_words": cc.COUNT,
     "reward.rs_form": cc.OneOf(rewards.RS_FORMS),
     "reward.answer_form": cc.OneOf(rewards.ANSWER_FORMS),
-    "tool.top_k": cc.COUNT,
-    "tool.max_turns": cc.NON_NEGATIVE,             # rollout.tool_loop: >= 0
-    "tool.max_obs_tokens": cc.NON_NEGATIVE,
-    "tool.max_total_len": cc.COUNT,
-    "tool.min_batch": cc.COUNT,
-    "tool.context_bucket": cc.COUNT,
+    **cc.TOOL_RULES,                               # the shared tool loop's keys
     "tool.max_prompt_len": cc.COUNT_OR_OFF,
     "search.sft.known_min_seen": cc.COUNT_OR_OFF,  # 0: every step searched
     "search.eval.naive_k": cc.COUNT,

@@ -4,12 +4,7 @@ from rlrag_jax import config_check as cc
 from rlrag_jax.methods.search_r1 import report
 
 RULES = {
-    "tool.top_k": cc.COUNT,
-    "tool.max_turns": cc.NON_NEGATIVE,             # rollout.tool_loop: >= 0
-    "tool.max_obs_tokens": cc.NON_NEGATIVE,
-    "tool.max_total_len": cc.COUNT,
-    "tool.min_batch": cc.COUNT,
-    "tool.context_bucket": cc.COUNT,
+    **cc.TOOL_RULES,                               # the shared tool loop's keys
     "tool.kv_reuse": cc.BOOL,
     "search_r1.eval_per_dataset": cc.COUNT_OR_OFF,  # 0: every question of each dataset
     "search_r1.published": cc.OneOf(("",) + tuple(report.PUBLISHED)),
