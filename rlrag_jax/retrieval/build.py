@@ -283,7 +283,7 @@ def build_index(out: pathlib.Path, backend: str, embeddings: np.ndarray, params:
 
 
 # ------------------------------------------------------------------------------ the run
-def _settings_from(store, encoder, args, d: int, encoder_id: str, conventions: dict):
+def _settings_from(store, args, d: int, encoder_id: str, conventions: dict):
   return BuildSettings(corpus_sha256=store.fingerprint, n=len(store), d=d, encoder=encoder_id,
                        conventions=conventions, shard_size=int(args.shard_size),
                        embedding_dtype=args.embedding_dtype, compute_dtype=args.dtype,
@@ -351,10 +351,10 @@ def run(args) -> Optional[pathlib.Path]:
     if pid != 0:
       return None
     embeddings, encoder, encoder_id, conventions = imports.load(imported, store, out, args)
-    settings = _settings_from(store, encoder, args, embeddings.shape[1], encoder_id, conventions)
+    settings = _settings_from(store, args, embeddings.shape[1], encoder_id, conventions)
   else:
     encoder = load_encoder(args)
-    settings = _settings_from(store, encoder, args, encoder.dim, encoder.id,
+    settings = _settings_from(store, args, encoder.dim, encoder.id,
                               encoder_conventions(encoder))
     if pid == 0:
       check_or_write_settings(out, settings)
@@ -439,13 +439,8 @@ def parser():
                  help="jax.distributed.initialize() with JAX's cluster detection")
   p.add_argument("--wait-s", type=float, default=24 * 3600,
                  help="how long a process waits for the others' files")
-  p.add_argument("--stop-after-shards", type=int, default=None, help=argparse_hidden())
+  p.add_argument("--stop-after-shards", type=int, default=None, help=argparse.SUPPRESS)
   return p
-
-
-def argparse_hidden():
-  import argparse  # pylint: disable=g-import-not-at-top
-  return argparse.SUPPRESS
 
 
 def main(argv=None) -> int:
