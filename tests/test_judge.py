@@ -239,8 +239,12 @@ def test_monitor_warns_once_past_five_percent(caplog, monkeypatch):
     assert not caplog.records
     m.record("HTTP 502", "http")               # 2 of 21
     m.record("HTTP 502", "http")               # still past: no second warning
-  assert len(caplog.records) == 1
-  msg = caplog.records[0].getMessage()
+  # One warning: a second one would name 3 of the last 22. Counted by message, because in one
+  # full-suite run caplog held this same record twice (once emitted: stderr had one line),
+  # depending on which tests the worker ran before.
+  messages = sorted({r.getMessage() for r in caplog.records})
+  assert len(messages) == 1
+  msg = messages[0]
   assert "judge at http://x/v1/chat/completions: 2 of the last 21 calls failed" in msg
   assert "HTTP 502" in msg and "reward.judge_max_failure_rate" in msg
 
