@@ -50,6 +50,37 @@ def wait_ready(url: str, thread=None, deadline_s: float = READY_DEADLINE_S) -> N
   raise TimeoutError(f"{url}/health did not answer within {deadline_s:g} s (last: {last!r})")
 
 
+def protocol_stand_in(state: dict, rows):
+  """A stand-in server of the Search-R1 /retrieve protocol for client-side tests (the real
+  server, `retrieval.serve`, has its own): GET /health, and POST /retrieve, which counts its
+  calls in `state['calls']`, keeps each body's first query in `state['queries']` (when that
+  list exists), fails with HTTP `state.get('fail_status', 503)` while `failing(state)` holds,
+  and otherwise answers {"result": rows(body)}."""
+  from fastapi import FastAPI, Request
+  from fastapi.responses import JSONResponse
+  app = FastAPI()
+  lock = threading.Lock()
+
+  @app.get("/health")
+  async def health():
+    return {"status": "ok"}
+
+  async def retrieve(request: Request):
+    body = await request.json()
+    with lock:
+      state["calls"] += 1
+      if "queries" in state:
+        state["queries"].append(body["queries"][0])
+      down = state["failing"](state)
+    if down:
+      return JSONResponse({"error": "down", "field": None},
+                          status_code=state.get("fail_status", 503))
+    return {"result": rows(body)}
+
+  app.add_api_route("/retrieve", retrieve, methods=["POST"])
+  return app
+
+
 @contextlib.contextmanager
 def serving(app):
   """Runs `app` on 127.0.0.1:<free port>; yields its base url; stops it on exit."""

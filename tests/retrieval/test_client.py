@@ -3,12 +3,11 @@ reply shapes, a server that fails and recovers, one that always fails: calls cou
 server side) and end to end: CorpusSearch with retrieval.url set against our server gives the
 ids the in-process search gives."""
 import math
-import threading
 
 import ml_collections
 import pytest
 
-from serve_helpers import free_socket, serving, small_corpus
+from serve_helpers import free_socket, protocol_stand_in, serving, small_corpus
 from rlrag_jax import judge as judge_lib
 from rlrag_jax.retrieval import client as client_lib
 from rlrag_jax.retrieval import serve
@@ -20,49 +19,36 @@ def _doc(q, j):
   return {"id": f"{q}#{j}", "contents": f'"Title "{q}" {j}"\nfirst line {j}\nsecond line'}
 
 
-def _stand_in(state):
-  """A minimal server of the protocol: /retrieve answers in the shape `state['mode']` names
-  ('scores', 'docs') or fails with `state['fail']` for the first `state['failures']` calls
-  ('always': every call); every /retrieve call is counted in `state['calls']`."""
-  from fastapi import FastAPI, Request
-  from fastapi.responses import JSONResponse
-  app = FastAPI()
-  lock = threading.Lock()
-
-  @app.get("/health")
-  async def health():
-    return {"status": "ok"}
-
-  async def retrieve(request: Request):
-    body = await request.json()
-    with lock:
-      state["calls"] += 1
-      calls = state["calls"]
-    if state["failures"] == "always" or calls <= state["failures"]:
-      return JSONResponse({"error": "down"}, status_code=state["fail"])
-    rows = []
+def _rows(state):
+  """The /retrieve reply of `state['mode']`: 'scores' or 'docs' (the two Search-R1 shapes), or
+  'echo' (the query names the id; the passage is another one)."""
+  def rows(body):
+    out = []
     for q in body["queries"]:
       docs = [_doc(q, j) for j in range(body["topk"])]
-      if state["mode"] == "echo":       # the query names the id; the passage is another one
+      if state["mode"] == "echo":
         docs = [{"id": q, "contents": '"Elsewhere"\nanother corpus'}]
       if state["mode"] == "scores":
         docs = [{"document": d, "score": 1.0 - j / 10} for j, d in enumerate(docs)]
-      rows.append(docs)
-    return {"result": rows}
+      out.append(docs)
+    return out
+  return rows
 
-  app.add_api_route("/retrieve", retrieve, methods=["POST"])
-  return app
+
+def _failing(state):
+  """Fails the first `state['failures']` calls ('always': every call)."""
+  return state["failures"] == "always" or state["calls"] <= state["failures"]
 
 
 @pytest.fixture(scope="module")
 def stand_in():
-  state = {"mode": "scores", "failures": 0, "fail": 503, "calls": 0}
-  with serving(_stand_in(state)) as url:
+  state = {"mode": "scores", "failures": 0, "fail_status": 503, "calls": 0, "failing": _failing}
+  with serving(protocol_stand_in(state, _rows(state))) as url:
     yield url, state
 
 
 def _reset(state, **kw):
-  state.update({"mode": "scores", "failures": 0, "fail": 503, "calls": 0}, **kw)
+  state.update({"mode": "scores", "failures": 0, "fail_status": 503, "calls": 0}, **kw)
 
 
 @pytest.mark.parametrize("mode", ["scores", "docs"])
@@ -119,7 +105,7 @@ def test_an_always_failing_server_stops_the_run_after_the_threshold(stand_in):
 
 def test_a_4xx_is_not_retried(stand_in):
   url, state = stand_in
-  _reset(state, failures="always", fail=422)
+  _reset(state, failures="always", fail_status=422)
   with RemoteRetriever(url, retries=3, backoff_s=0.0, max_failure_rate=1.0) as r:
     assert r.search(["q"], 1) == [[]]
     assert "HTTP 422" in r.monitor.last_error

@@ -1,40 +1,17 @@
 """The load test's client loop (rlrag_jax.bench.retrieval_service.run_clients): bounded by count,
 every request and every error counted, checked against the requests a stand-in server saw."""
-import threading
 
 import pytest
 
-from serve_helpers import serving
+from serve_helpers import protocol_stand_in, serving
 from rlrag_jax.bench import retrieval_service
-
-
-def _app(state):
-  from fastapi import FastAPI, Request
-  from fastapi.responses import JSONResponse
-  app = FastAPI()
-  lock = threading.Lock()
-
-  @app.get("/health")
-  async def health():
-    return {"status": "ok"}
-
-  async def retrieve(request: Request):
-    body = await request.json()
-    with lock:
-      state["calls"] += 1
-      state["queries"].append(body["queries"][0])
-    if state["fail"]:
-      return JSONResponse({"error": "down", "field": None}, status_code=503)
-    return {"result": [[{"document": {"id": "1", "contents": '"T"\nx'}, "score": 1.0}]]}
-
-  app.add_api_route("/retrieve", retrieve, methods=["POST"])
-  return app
 
 
 @pytest.mark.parametrize("fail", [False, True])
 def test_the_client_loop_is_bounded_by_count_and_counts_every_request(fail):
-  state = {"calls": 0, "queries": [], "fail": fail}
-  with serving(_app(state)) as url:
+  state = {"calls": 0, "queries": [], "failing": lambda _: fail}
+  reply = lambda body: [[{"document": {"id": "1", "contents": '"T"\nx'}, "score": 1.0}]]
+  with serving(protocol_stand_in(state, reply)) as url:
     # the time bound (600 s) is never reached: each client stops after its 4 requests
     raw = retrieval_service.run_clients(url, ["q0", "q1", "q2"], clients=3, seconds=600,
                                         max_requests=4)
