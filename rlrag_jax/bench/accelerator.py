@@ -980,11 +980,17 @@ def main(argv=None) -> int:
   attentions = ("xla", "pallas") if auto else tuple(a for a in args.decode_attention.split(",")
                                                      if a)
   names = candidate_sections([s for s in args.sections.split(",") if s], attentions)
+  # `timeout` (or a scheduler) ends us with SIGTERM: as an exception, so that the running
+  # section's process group is killed with us (spawn_section's `finally`), not orphaned.
+  before = signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
   clock = Clock(args.budget_s)
   levels = plan(names, args.budget_s, mode)
   _say(f"[plan] budget {args.budget_s:.0f} s, {mode}, records in {out}: "
        f"{describe_plan(levels, mode)}")
-  records = run_plan(names, levels, spec, mode, clock, out, auto, args.profile)
+  try:
+    records = run_plan(names, levels, spec, mode, clock, out, auto, args.profile)
+  finally:
+    signal.signal(signal.SIGTERM, before)
   sections = {r["section"]: r for r in sorted(records, key=lambda r: ORDER.index(r["section"]))}
   res = dict(spec={k: list(v) if isinstance(v, tuple) else v for k, v in spec.items()},
              budget_s=args.budget_s, sections=sections,
