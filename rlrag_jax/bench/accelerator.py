@@ -254,7 +254,7 @@ def measure_device(spec: dict) -> dict:
   the device's datasheet peaks (`PEAKS`; None for a kind the table does not know)."""
   import jax
   import jax.numpy as jnp
-  reduced = spec["shape"] not in ("qwen2.5-0.5b",)
+  reduced = spec["shape"] == REDUCED["shape"]
   n = (1 << 20) if reduced else (1 << 29)                  # 2 GiB of f32 on the GPU
   # In place (the input donated): each call reads and writes the array once, allocates nothing.
   # (A first version wrote a fresh 2 GiB output per call and measured 0.5 TB/s on an H100.)
@@ -652,7 +652,7 @@ def bench_main_job(spec: dict, limit_s: float) -> list:
     workdir = tempfile.mkdtemp(prefix=f"rlrag_main_{i}_")
     cmd = [sys.executable, "-m", "rlrag_jax.train", "--config=configs/arena.py",
            f"--workdir={workdir}", "--quiet", f"--config.compile_cache={cache}"]
-    if spec["shape"] not in ("qwen2.5-0.5b",):
+    if spec["shape"] == REDUCED["shape"]:
       cmd += list(REDUCED_MAIN_ARGS)
     t = time.perf_counter()
     try:

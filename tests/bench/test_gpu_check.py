@@ -46,5 +46,7 @@ def test_reduced_run_writes_every_step_under_one_folder(tmp_path):
   assert "jax:" in env and "jaxlib:" in env and "python" in env
   recs = [json.loads(l) for l in (out / "accelerator" / "sections.jsonl").read_text().split("\n")
           if l]
-  assert [(r["section"], r["status"]) for r in recs] == [("device", "ok"), ("sampler_xla", "ok")]
+  # off a GPU the Pallas section is recorded as skipped (its kernel would be interpreted)
+  assert {r["section"]: r["status"] for r in recs} == dict(device="ok", sampler_xla="ok",
+                                                          sampler_pallas="skipped")
   assert "XLA compiles over the run" in (out / "arena_seed0.log").read_text()
