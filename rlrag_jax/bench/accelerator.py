@@ -658,12 +658,12 @@ def bench_main_job(spec: dict, limit_s: float) -> list:
     if spec["shape"] == REDUCED["shape"]:
       cmd += list(REDUCED_MAIN_ARGS)
     t = time.perf_counter()
+    # The first run has no limit of its own: past the section's limit the parent kills the
+    # section (a timeout); a later run stops in time to keep the rows before it.
     try:
       proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
-                            timeout=max(1.0, clock.left() - 2))
+                            timeout=max(1.0, clock.left() - 2) if rows else None)
     except subprocess.TimeoutExpired:
-      if not rows:
-        raise
       rows.append(dict(run=i + 1, timed_out=True))      # the runs before it are kept
       _say(f"[main job] run {i + 1}: not finished within the section's limit")
       break
@@ -856,7 +856,7 @@ def run_plan(names, levels, spec, mode, clock, out, auto, profile) -> list:
     name = pending.pop(0)
     level, limit = section_limit(name, levels, pending, clock.left(), mode)
     if level == "cut":
-      why = ("the plan: not within the budget beside the sections before it in CUT_ORDER"
+      why = ("the plan: it does not fit beside the sections kept (CUT_ORDER)"
              if levels[name] == "cut" else
              f"{max(limit, 0):.0f} s left for it, needs ~{need_s(name, 'scaled', mode):.0f} s")
       rec = dict(section=name, status="cut", level="cut", reason=f"budget: {why}")
