@@ -94,7 +94,16 @@ env_info() {
   nvidia-smi 2>&1 | head -15 || echo "no nvidia-smi"
   $PY -c "import sys; print('python', sys.version)"
   $PY -c "import jax; jax.print_environment_info(); print('devices', jax.devices())"
-  $PY -m pip list 2>/dev/null | grep -i -E "^(jax|nvidia-cuda|nvidia-cudnn|torch|triton|flax) "
+  $PY - <<'EOF'
+try:                                   # the CUDA jaxlib runs on (absent on a CPU-only jaxlib)
+  from jax._src.lib import cuda_versions as v
+  print("cuda runtime", v.cuda_runtime_get_version(), "driver", v.cuda_driver_get_version(),
+        "cudnn", v.cudnn_get_version())
+except Exception as e:
+  print("cuda versions: n/a", type(e).__name__, e)
+EOF
+  $PY -m pip list 2>/dev/null | grep -i -E \
+    "^(jax|jaxlib|jax-cuda[0-9]+-(plugin|pjrt)|nvidia-cuda-[a-z]+|nvidia-cudnn-cu[0-9]+|torch|triton|flax) "
 }
 
 mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)
