@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import importlib.util
 import pathlib
+import re
 from typing import Sequence
 
 TARGET_DIR = pathlib.Path(__file__).parent / "gpu_targets"
@@ -81,3 +82,38 @@ def devices(target: str = "h100", count: int = 1) -> Sequence:
     raise GpuPlanError(f"--gpu {target}: jax could not describe the topology ({e}); is the "
                        f"plugin at jax's version? {install_hint()}") from None
   return list(topo.devices)
+
+
+def compile_pallas_kernels(target: str = "h100") -> dict:
+  """Both Pallas kernels compiled by XLA:GPU for `target` without the GPU (Triton to the card's
+  machine code: what a GPU run compiles first): the causal attention's forward and backward
+  (`models.flash_attention`, model.attention='pallas') and the decode attention over a cache
+  (`sampling.cache_attention`, model.decode_attention='pallas') in one pass and split into
+  cache ranges. {program: the names of its Triton kernels in the optimised HLO, in order};
+  a compile error raises."""
+  import jax
+  import jax.numpy as jnp
+  from jax.sharding import SingleDeviceSharding
+  from rlrag_jax.models import flash_attention
+  from rlrag_jax.sampling import cache_attention
+  one = SingleDeviceSharding(devices(target)[0])
+  sd = lambda shape, dtype=jnp.bfloat16: jax.ShapeDtypeStruct(shape, dtype, sharding=one)
+
+  def fwd_bwd(q, k, v, m, g):
+    out, vjp = jax.vjp(lambda q, k, v: flash_attention.attend(q, k, v, m), q, k, v)
+    return out, vjp(g)
+
+  programs = {"flash_attention_fwd_bwd": (fwd_bwd, sd((2, 256, 8, 64)), sd((2, 256, 2, 64)),
+                                          sd((2, 256, 2, 64)), sd((2, 256), jnp.bool_),
+                                          sd((2, 256, 8, 64)))}
+  for name, rows in (("decode_attention_one_pass", 128), ("decode_attention_split", 8)):
+    attend = lambda q, k, v, b: cache_attention.attend(q, k, v, b, 0.125, "pallas")
+    programs[name] = (attend, sd((rows, 14, 64)), sd((rows, 300, 2, 64)),
+                      sd((rows, 300, 2, 64)), sd((rows, 300), jnp.float32))
+  kernels = {}
+  for name, (fn, *args) in programs.items():
+    text = jax.jit(fn).lower(*args).compile().as_text()
+    calls = [l for l in text.splitlines() if 'custom_call_target="__gpu$xla.gpu.triton"' in l]
+    kernels[name] = [(re.search(r'/(\w+)/pallas_call"', l) or re.search("()", l)).group(1)
+                     for l in calls]
+  return kernels
