@@ -1,6 +1,6 @@
 """The decode step's attention: one new query per row over that row's KV cache, grouped-query.
 
-  attend(q, ck, cv, key_bias, scale, impl) -> [B, K, G, D]
+  attend(q, ck, cv, key_bias, scale, impl, length=None) -> [B, K, G, D]
 
 q [B, H, D] (H = K x G query heads), ck / cv [B, S, K, D] (the cache layout of
 `models.decoder.init_cache`), key_bias [B, S] float32 (0 where a slot may be attended, the
@@ -25,6 +25,29 @@ float32 minimum where not; see `fast_decode.decode_step`). Two implementations, 
             the ranges (`splits`: None picks the fewest ranges that reach MIN_PROGRAMS; a count
             is cut to one range a block; 1 is the single pass above).
 
+Reads bounded to the filled length. The sampler's cache holds S = prompt + max_new slots, and
+every row writes the same slot each step, so at step i only the first `length` = index + 1 slots
+can hold a key (the rest are free and masked); reading all S cost 1.5-2x the live KV at the
+sampler's shapes. With `length` (a traced int32 scalar, the filled length):
+
+  'xla'     reads a static prefix of the cache, the smallest of at most `MAX_BUCKETS` bucket
+            lengths (multiples of `BLOCK`, see `read_buckets`) that covers `length`, picked by
+            `lax.switch`: one compiled program whatever the lengths (a switch of at most
+            MAX_BUCKETS branches, each the same fused attention over its prefix), at most one
+            bucket (>= 1 block) past the filled length. Why buckets and not a loop over blocks
+            under an online softmax: the buckets keep XLA:CPU's fused one-pass reductions (a
+            `while` over blocks runs a dynamic slice and a loop trip a block, a layer, a step),
+            and the compiled step stays one program. The prefix's sums equal the full cache's
+            up to float32 rounding (XLA's reduction order depends on the reduced length: a few
+            ulp, not bitwise; masked slots add exact zeros either way).
+  'pallas'  loops over the blocks up to ceil(length / block) (a dynamic trip count; the split
+            form shares those blocks between its ranges): blocks past the filled length add
+            nothing to the online softmax (alpha 1, p 0), so the output equals the full pass
+            bit for bit in the single pass.
+
+`length=None` reads the whole cache (as before). `read_slots` (static) instead bounds the read
+at trace time (used by `bench.memory`'s plan, which cannot see a traced length).
+
 The kernel is written for GPUs; it has been compiled for an H100 (bench.memory --gpu h100) and
 checked against 'xla' in the interpreter (tests/sampling/test_cache_attention.py), but it has
 not yet run on a GPU: `bench.accelerator` times both on one when a session is lent a GPU.
@@ -42,17 +65,47 @@ from rlrag_jax.models import flash_attention as fa
 IMPLS = ("xla", "pallas")
 MIN_TILE = fa.MIN_TILE   # Triton's dot: every tile dimension at least 16
 MIN_PROGRAMS = 256       # ~2 programs per SM of an H100 (132 SMs): fewer leave SMs idle
-BLOCK = 128              # cache slots a kernel step reads
+BLOCK = 128              # cache slots a kernel step reads; the 'xla' read buckets' unit
+MAX_BUCKETS = 8          # 'xla': most prefix lengths (switch branches) a cache is read in
 
 
 def attend(q, ck, cv, key_bias, scale, impl: str = "xla", *, block: int = BLOCK,
-           splits: int | None = None):
-  """Attention of each row's query heads over its cache: [B, K, G, D] in q's dtype."""
+           splits: int | None = None, length=None, read_slots: int | None = None):
+  """Attention of each row's query heads over its cache: [B, K, G, D] in q's dtype.
+
+  length: traced int32 scalar, slots [length, S) hold no key of any row (module doc); None: all
+  may. read_slots: a static bound of the same (the read is cut at trace time)."""
+  if read_slots is not None:
+    if not 0 < read_slots <= ck.shape[1]:
+      raise ValueError(f"decode attention: read_slots {read_slots} outside (0, {ck.shape[1]}]")
+    n = next(n for n in read_buckets(ck.shape[1]) if n >= read_slots)
+    ck, cv, key_bias = ck[:, :n], cv[:, :n], key_bias[:, :n]
   if impl == "xla":
-    return _attend_xla(q, ck, cv, key_bias, scale)
+    if length is None:
+      return _attend_xla(q, ck, cv, key_bias, scale)
+    return _attend_xla_bounded(q, ck, cv, key_bias, scale, length)
   if impl == "pallas":
-    return attend_pallas(q, ck, cv, key_bias, scale, block=block, splits=splits)
+    return attend_pallas(q, ck, cv, key_bias, scale, block=block, splits=splits, length=length)
   raise ValueError(f"decode attention {impl!r}: expected one of {IMPLS}")
+
+
+def read_buckets(slots: int, block: int = BLOCK, most: int = MAX_BUCKETS) -> tuple:
+  """The prefix lengths 'xla' reads a cache of `slots` in: multiples of a step (one block, or
+  more to stay within `most` lengths), the last the whole cache."""
+  step = max(block, -(-slots // (most * block)) * block)
+  return tuple(min(slots, n) for n in range(step, slots + step, step))
+
+
+def _attend_xla_bounded(q, ck, cv, key_bias, scale, length):
+  """`_attend_xla` over the shortest bucket prefix that holds the first `length` slots."""
+  lens = read_buckets(ck.shape[1])
+  if len(lens) == 1:
+    return _attend_xla(q, ck, cv, key_bias, scale)
+  which = jnp.clip((jnp.asarray(length, jnp.int32) - 1) // lens[0], 0, len(lens) - 1)
+  branches = [functools.partial(lambda n, *a: _attend_xla(a[0], a[1][:, :n], a[2][:, :n],
+                                                          a[3][:, :n], scale), n)
+              for n in lens]
+  return jax.lax.switch(which, branches, q, ck, cv, key_bias)
 
 
 def _attend_xla(q, ck, cv, key_bias, scale):
@@ -107,25 +160,37 @@ def _online_softmax(q, k_ref, v_ref, bias_ref, b, h, first, last, *, block, slot
   return jax.lax.fori_loop(first, last, step, init)
 
 
-def _kernel(q_ref, k_ref, v_ref, bias_ref, o_ref, *, block: int, slots: int, scale: float):
+def _live_blocks(len_ref, *, block: int, slots: int):
+  """Blocks holding the first len_ref[0] slots (the filled length), at most the cache's."""
+  from jax.experimental import pallas as pl
+  return jnp.minimum(pl.cdiv(len_ref[0], block), pl.cdiv(slots, block))
+
+
+def _kernel(q_ref, k_ref, v_ref, bias_ref, len_ref, o_ref, *, block: int, slots: int,
+            scale: float):
   """One program: row b, KV head h. q_ref [G', D]; k_ref / v_ref the whole [B, S, K, D] caches
-  (read block by block, the tail masked); bias_ref the whole [B, S]; o_ref [G', D]."""
+  (read block by block up to the filled length len_ref[0], the tail masked); bias_ref the whole
+  [B, S]; o_ref [G', D]."""
   from jax.experimental import pallas as pl
   b, h = pl.program_id(0), pl.program_id(1)
-  _, l, acc = _online_softmax(q_ref[...], k_ref, v_ref, bias_ref, b, h, 0,
-                              pl.cdiv(slots, block), block=block, slots=slots, scale=scale)
+  live = _live_blocks(len_ref, block=block, slots=slots)
+  _, l, acc = _online_softmax(q_ref[...], k_ref, v_ref, bias_ref, b, h, 0, live, block=block,
+                              slots=slots, scale=scale)
   o_ref[...] = (acc / l[:, None]).astype(o_ref.dtype)
 
 
-def _split_kernel(q_ref, k_ref, v_ref, bias_ref, acc_ref, m_ref, l_ref, *, block: int,
-                  slots: int, scale: float, per: int):
-  """One program: row b, KV head h, cache blocks [r * per, (r + 1) * per). Writes the range's
-  unnormalised output acc_ref [G', D] and its running max m_ref / sum l_ref [G'] (f32); a range
-  past the cache's end writes m = float32 minimum, l = 0, acc = 0."""
+def _split_kernel(q_ref, k_ref, v_ref, bias_ref, len_ref, acc_ref, m_ref, l_ref, *,
+                  block: int, slots: int, scale: float, splits: int):
+  """One program: row b, KV head h, cache blocks [r * per, (r + 1) * per), the blocks up to the
+  filled length shared between the `splits` ranges. Writes the range's unnormalised output
+  acc_ref [G', D] and its running max m_ref / sum l_ref [G'] (f32); a range past the filled
+  length writes m = float32 minimum, l = 0, acc = 0."""
   from jax.experimental import pallas as pl
   b, h, r = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+  live = _live_blocks(len_ref, block=block, slots=slots)
+  per = pl.cdiv(live, splits)
   first = r * per
-  last = jnp.minimum(first + per, pl.cdiv(slots, block))
+  last = jnp.minimum(first + per, live)
   m, l, acc = _online_softmax(q_ref[...], k_ref, v_ref, bias_ref, b, h, first, last,
                               block=block, slots=slots, scale=scale)
   acc_ref[...], m_ref[...], l_ref[...] = acc, m, l
@@ -142,7 +207,7 @@ def _combine(acc, m, l):
 
 
 def attend_pallas(q, ck, cv, key_bias, scale, *, block: int = BLOCK,
-                  splits: int | None = None):
+                  splits: int | None = None, length=None):
   """The 'pallas' implementation (module doc)."""
   from jax.experimental import pallas as pl
   from jax.experimental.pallas import triton as plt
@@ -170,6 +235,7 @@ def attend_pallas(q, ck, cv, key_bias, scale, *, block: int = BLOCK,
   params = plt.CompilerParams(num_warps=4, num_stages=2)
   kw = dict(block=block, slots=slots, scale=float(scale))
   bias = key_bias.astype(jnp.float32)
+  filled = jnp.full((1,), slots if length is None else length, jnp.int32)   # read as len_ref[0]
 
   if splits == 1:
     def call(interpret, *args):
@@ -178,26 +244,25 @@ def attend_pallas(q, ck, cv, key_bias, scale, *, block: int = BLOCK,
           out_shape=jax.ShapeDtypeStruct((b, kh, gp, d), q.dtype),
           grid=(b, kh),
           in_specs=[pl.BlockSpec((None, None, gp, d), lambda i, j: (i, j, 0, 0)), whole, whole,
-                    whole],
+                    whole, whole],
           out_specs=pl.BlockSpec((None, None, gp, d), lambda i, j: (i, j, 0, 0)),
           compiler_params=params, interpret=interpret, name="decode_cache_attention")(*args)
-    return fa.lowered_where_compiled(call, qg, ck, cv, bias)[:, :, :g]
+    return fa.lowered_where_compiled(call, qg, ck, cv, bias, filled)[:, :, :g]
 
-  per = -(-blocks // splits)
   tile = pl.BlockSpec((None, None, None, gp, d), lambda i, j, r: (i, j, r, 0, 0))
   row = pl.BlockSpec((None, None, None, gp), lambda i, j, r: (i, j, r, 0))
 
   def call_split(interpret, *args):
     return pl.pallas_call(
-        functools.partial(_split_kernel, per=per, **kw),
+        functools.partial(_split_kernel, splits=splits, **kw),
         out_shape=(jax.ShapeDtypeStruct((b, kh, splits, gp, d), jnp.float32),
                    jax.ShapeDtypeStruct((b, kh, splits, gp), jnp.float32),
                    jax.ShapeDtypeStruct((b, kh, splits, gp), jnp.float32)),
         grid=(b, kh, splits),
         in_specs=[pl.BlockSpec((None, None, gp, d), lambda i, j, r: (i, j, 0, 0)), whole, whole,
-                  whole],
+                  whole, whole],
         out_specs=(tile, row, row),
         compiler_params=params, interpret=interpret, name="decode_cache_attention_split")(*args)
 
-  acc, m, l = fa.lowered_where_compiled(call_split, qg, ck, cv, bias)
+  acc, m, l = fa.lowered_where_compiled(call_split, qg, ck, cv, bias, filled)
   return _combine(acc, m, l)[:, :, :g].astype(q.dtype)
