@@ -49,6 +49,7 @@ STOP_NONE, STOP_EOS, STOP_STOP, STOP_LENGTH = 0, 1, 2, 3
 _REASONS = {STOP_NONE: "none", STOP_EOS: "eos", STOP_STOP: "stop", STOP_LENGTH: "length"}
 _BLOCK = 128          # block width of the two-level inverse-CDF draw over the vocab
 _NUCLEUS_ITERS = 32   # bisection steps of the full-vocab top-p threshold (f32 converges by then)
+_NUCLEUS_CANDIDATES = 256   # largest logits the full-vocab top-p threshold is first sought in
 
 
 # --------------------------------------------------------------------------- results
@@ -147,14 +148,34 @@ def _nucleus_sorted(vals, top_p):
   return jnp.where(before < top_p, vals, -jnp.inf)
 
 
-def _nucleus_mask(z, e, top_p):
-  """Full-vocab top-p without a sort. z [B, V] logits, e = exp(z - max z) -> keep [B, V] bool.
+def _nucleus_candidates(z, target, m):
+  """The top-p threshold from the `_NUCLEUS_CANDIDATES` largest logits (one `lax.top_k` pass over
+  the vocab). z [B, V], target [B, 1] (top_p x the mass), m [B, 1] = max z -> (thr [B, 1],
+  found [B] bool: thr is exact; where False the nucleus reaches past the candidates).
 
-  Keeps the smallest set of most likely tokens whose mass reaches top_p (the same set as the
-  sort-based rule "drop a token when the mass ahead of it is >= top_p"), found by bisecting the
-  logit threshold and snapping it to the nearest logit at or above it.
+  Exactness: let c_1 >= ... >= c_K be the K largest logits. For c_j > c_K every token with
+  z >= c_j is a candidate (one outside has z <= c_K), so the candidates' mass at or above c_j
+  is mass(z >= c_j) itself. The threshold thr = max{t in z : mass(z >= t) >= target} is then
+  the largest such c_j whose mass reaches the target; if none does, thr <= c_K and the tokens
+  tied with c_K outside the candidates leave it unknown (found False).
   """
-  target = top_p * jnp.sum(e, axis=-1, keepdims=True)          # [B, 1]
+  v = z.shape[-1]
+  k = min(_NUCLEUS_CANDIDATES, v)
+  vals, _ = jax.lax.top_k(z, k)                                            # [B, k] descending
+  ev = jnp.exp(vals - m)
+  ahead = vals[:, None, :] >= vals[:, :, None]                             # [B, j, i]
+  mass = jnp.sum(jnp.where(ahead, ev[:, None, :], 0.0), axis=-1)           # mass(z >= c_j)
+  known = (vals > vals[:, -1:]) | (k == v)
+  ok = known & (mass >= target)
+  thr = jnp.max(jnp.where(ok, vals, -jnp.inf), axis=-1, keepdims=True)
+  return thr, jnp.any(ok, axis=-1)
+
+
+def _nucleus_bisect(z, e, target):
+  """The threshold by bisection over the logit range, snapped to the nearest logit at or above
+  it: `_NUCLEUS_ITERS` masked passes over the vocab (float32 has converged by then: the
+  interval, under 101 wide, ends below 3e-8, under half an ulp of any logit beyond 0.5 in
+  magnitude; the snap makes it exact where distinct logits differ by more)."""
   m = jnp.max(z, axis=-1, keepdims=True)
   lo = jnp.maximum(jnp.min(z, axis=-1, keepdims=True), m - 100.0)   # mass(z >= lo) >= target
   hi = m + 1.0                                                      # mass(z >= hi) = 0
@@ -167,7 +188,25 @@ def _nucleus_mask(z, e, top_p):
     return jnp.where(ok, mid, lo), jnp.where(ok, hi, mid)
 
   lo, _ = jax.lax.fori_loop(0, _NUCLEUS_ITERS, body, (lo, hi))
-  thr = jnp.min(jnp.where(z >= lo, z, jnp.inf), axis=-1, keepdims=True)
+  return jnp.min(jnp.where(z >= lo, z, jnp.inf), axis=-1, keepdims=True)
+
+
+def _nucleus_mask(z, e, top_p):
+  """Full-vocab top-p without a sort. z [B, V] logits, e = exp(z - max z) -> keep [B, V] bool.
+
+  Keeps the smallest set of most likely tokens whose mass reaches top_p, every token tied with
+  the last one included: z >= thr, thr = max{t in z : mass(z >= t) >= top_p x mass} (the
+  sort-based rule "drop a token when the mass ahead of it is >= top_p", ties kept together).
+  The threshold comes from the largest `_NUCLEUS_CANDIDATES` logits (`_nucleus_candidates`: one
+  top_k pass, exact whenever the nucleus lies within them); only when some row's nucleus is
+  larger (a flat distribution) does the batch fall back to the bisection (32 masked passes
+  over the vocab, `_nucleus_bisect`), chosen by `lax.cond`, so a step pays it only then.
+  """
+  target = top_p * jnp.sum(e, axis=-1, keepdims=True)          # [B, 1]
+  m = jnp.max(z, axis=-1, keepdims=True)
+  thr, found = _nucleus_candidates(z, target, m)
+  thr = jax.lax.cond(jnp.all(found), lambda: thr,
+                     lambda: jnp.where(found[:, None], thr, _nucleus_bisect(z, e, target)))
   return z >= thr
 
 
