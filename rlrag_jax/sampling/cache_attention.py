@@ -45,6 +45,13 @@ sampler's shapes. With `length` (a traced int32 scalar, the filled length):
             nothing to the online softmax (alpha 1, p 0), so the output equals the full pass
             bit for bit in the single pass.
 
+Finished rows. The sampler's batch keeps its shape to the end (static shapes: one program),
+so a finished row still runs the whole step: its share of the matmuls (which stream the
+weights once for all rows, so a row costs little at decode's batch sizes) and, by default, its
+cache read. `live` [B] bool (the sampler passes its unfinished rows) lets 'pallas' skip a dead
+row's cache altogether (its program loops over no block and writes zeros); 'xla' reads every
+row's prefix (one bucket for the batch) and ignores it.
+
 `length=None` reads the whole cache (as before). `read_slots` (static) instead bounds the read
 at trace time (used by `bench.memory`'s plan, which cannot see a traced length).
 
@@ -70,22 +77,25 @@ MAX_BUCKETS = 8          # 'xla': most prefix lengths (switch branches) a cache 
 
 
 def attend(q, ck, cv, key_bias, scale, impl: str = "xla", *, block: int = BLOCK,
-           splits: int | None = None, length=None, read_slots: int | None = None):
+           splits: int | None = None, length=None, read_slots: int | None = None, live=None):
   """Attention of each row's query heads over its cache: [B, K, G, D] in q's dtype.
 
   length: traced int32 scalar, slots [length, S) hold no key of any row (module doc); None: all
-  may. read_slots: a static bound of the same (the read is cut at trace time)."""
+  may. read_slots: a static bound of the same (the read is cut at trace time). live: [B] bool
+  or None; 'pallas' gives rows not live zeros without reading their cache."""
   if read_slots is not None:
     if not 0 < read_slots <= ck.shape[1]:
       raise ValueError(f"decode attention: read_slots {read_slots} outside (0, {ck.shape[1]}]")
     n = next(n for n in read_buckets(ck.shape[1]) if n >= read_slots)
     ck, cv, key_bias = ck[:, :n], cv[:, :n], key_bias[:, :n]
+    length = None if impl == "xla" else length          # no switch: the prefix is known
   if impl == "xla":
     if length is None:
       return _attend_xla(q, ck, cv, key_bias, scale)
     return _attend_xla_bounded(q, ck, cv, key_bias, scale, length)
   if impl == "pallas":
-    return attend_pallas(q, ck, cv, key_bias, scale, block=block, splits=splits, length=length)
+    return attend_pallas(q, ck, cv, key_bias, scale, block=block, splits=splits, length=length,
+                         live=live)
   raise ValueError(f"decode attention {impl!r}: expected one of {IMPLS}")
 
 
@@ -160,23 +170,24 @@ def _online_softmax(q, k_ref, v_ref, bias_ref, b, h, first, last, *, block, slot
   return jax.lax.fori_loop(first, last, step, init)
 
 
-def _live_blocks(len_ref, *, block: int, slots: int):
-  """Blocks holding the first len_ref[0] slots (the filled length), at most the cache's."""
+def _live_blocks(len_ref, b, *, block: int, slots: int):
+  """Blocks holding row b's first len_ref[b] slots (the filled length; 0 for a row not live),
+  at most the cache's."""
   from jax.experimental import pallas as pl
-  return jnp.minimum(pl.cdiv(len_ref[0], block), pl.cdiv(slots, block))
+  return jnp.minimum(pl.cdiv(len_ref[b], block), pl.cdiv(slots, block))
 
 
 def _kernel(q_ref, k_ref, v_ref, bias_ref, len_ref, o_ref, *, block: int, slots: int,
             scale: float):
   """One program: row b, KV head h. q_ref [G', D]; k_ref / v_ref the whole [B, S, K, D] caches
-  (read block by block up to the filled length len_ref[0], the tail masked); bias_ref the whole
-  [B, S]; o_ref [G', D]."""
+  (read block by block up to the row's filled length len_ref[b], the tail masked); bias_ref the
+  whole [B, S]; o_ref [G', D] (zeros for a row of no block: l = 0)."""
   from jax.experimental import pallas as pl
   b, h = pl.program_id(0), pl.program_id(1)
-  live = _live_blocks(len_ref, block=block, slots=slots)
+  live = _live_blocks(len_ref, b, block=block, slots=slots)
   _, l, acc = _online_softmax(q_ref[...], k_ref, v_ref, bias_ref, b, h, 0, live, block=block,
                               slots=slots, scale=scale)
-  o_ref[...] = (acc / l[:, None]).astype(o_ref.dtype)
+  o_ref[...] = (acc / jnp.where(l > 0, l, 1.0)[:, None]).astype(o_ref.dtype)
 
 
 def _split_kernel(q_ref, k_ref, v_ref, bias_ref, len_ref, acc_ref, m_ref, l_ref, *,
@@ -187,7 +198,7 @@ def _split_kernel(q_ref, k_ref, v_ref, bias_ref, len_ref, acc_ref, m_ref, l_ref,
   length writes m = float32 minimum, l = 0, acc = 0."""
   from jax.experimental import pallas as pl
   b, h, r = pl.program_id(0), pl.program_id(1), pl.program_id(2)
-  live = _live_blocks(len_ref, block=block, slots=slots)
+  live = _live_blocks(len_ref, b, block=block, slots=slots)
   per = pl.cdiv(live, splits)
   first = r * per
   last = jnp.minimum(first + per, live)
@@ -200,19 +211,16 @@ def _combine(acc, m, l):
   """Ranges' partials acc [B, K, R, G', D], m / l [B, K, R, G'] -> [B, K, G', D] f32. Each
   range is weighted by exp(its max - the overall max); a range of masked slots only (max the
   float32 minimum) weighs 0 beside any real slot, and a row with no slot at all averages its
-  masked slots as the single pass does."""
+  masked slots as the single pass does; a row of no block (not live) gets zeros."""
   top = jnp.max(m, axis=2, keepdims=True)
   w = jnp.exp(m - top)                                              # [B, K, R, G']
-  return jnp.sum(w[..., None] * acc, axis=2) / jnp.sum(w * l, axis=2)[..., None]
+  den = jnp.sum(w * l, axis=2)
+  return jnp.sum(w[..., None] * acc, axis=2) / jnp.where(den > 0, den, 1.0)[..., None]
 
 
-def attend_pallas(q, ck, cv, key_bias, scale, *, block: int = BLOCK,
-                  splits: int | None = None, length=None):
-  """The 'pallas' implementation (module doc)."""
-  from jax.experimental import pallas as pl
-  from jax.experimental.pallas import triton as plt
-  b, h, d = q.shape
-  _, slots, kh, dk = ck.shape
+def _check(q, ck, block: int, splits) -> None:
+  """Refuses what the kernel cannot tile or run (TPU, head_dim, block, splits)."""
+  d, dk = q.shape[-1], ck.shape[-1]
   fa.refuse_tpu("model.decode_attention")
   if dk != d or d & (d - 1) or d < MIN_TILE:
     raise ValueError(f"decode attention 'pallas': head_dim {d} must be a power of two >= "
@@ -220,22 +228,34 @@ def attend_pallas(q, ck, cv, key_bias, scale, *, block: int = BLOCK,
   if block & (block - 1) or block < MIN_TILE:
     raise ValueError(f"decode attention 'pallas': block {block} must be a power of two >= "
                      f"{MIN_TILE}")
+  if splits is not None and int(splits) < 1:
+    raise ValueError(f"decode attention 'pallas': splits {splits} must be >= 1 (None: "
+                     f"auto_splits)")
+
+
+def attend_pallas(q, ck, cv, key_bias, scale, *, block: int = BLOCK,
+                  splits: int | None = None, length=None, live=None):
+  """The 'pallas' implementation (module doc)."""
+  from jax.experimental import pallas as pl
+  from jax.experimental.pallas import triton as plt
+  b, h, d = q.shape
+  _, slots, kh, _ = ck.shape
+  _check(q, ck, block, splits)
   g = h // kh
   gp = _pow2_at_least(g, MIN_TILE)
   qg = q.reshape(b, kh, g, d)
   if gp != g:
     qg = jnp.pad(qg, ((0, 0), (0, 0), (0, gp - g), (0, 0)))
   blocks = -(-slots // block)
-  if splits is not None and int(splits) < 1:
-    raise ValueError(f"decode attention 'pallas': splits {splits} must be >= 1 (None: "
-                     f"auto_splits)")
   # at most one range a block (a fixed count meets caches of any length)
   splits = auto_splits(b, kh, slots, block) if splits is None else min(int(splits), blocks)
   whole = pl.BlockSpec(memory_space=pl.ANY)
   params = plt.CompilerParams(num_warps=4, num_stages=2)
   kw = dict(block=block, slots=slots, scale=float(scale))
   bias = key_bias.astype(jnp.float32)
-  filled = jnp.full((1,), slots if length is None else length, jnp.int32)   # read as len_ref[0]
+  filled = jnp.broadcast_to(jnp.asarray(slots if length is None else length, jnp.int32), (b,))
+  if live is not None:
+    filled = jnp.where(live, filled, 0)                              # [B], read as len_ref[b]
 
   if splits == 1:
     def call(interpret, *args):

@@ -99,7 +99,7 @@ def _step_tables(config: ModelConfig, cache, active):
   return jnp.cos(emb), jnp.sin(emb), key_mask, key_bias
 
 
-def _attention(config: ModelConfig, lp, lc, x, rope, key_bias, index, read_slots):
+def _attention(config: ModelConfig, lp, lc, x, rope, key_bias, index, read_slots, live):
   """One layer's attention sub-block: writes the new K/V at slot `index` and attends over the
   filled slots [0, index] (`cache_attention.attend`'s `length`). -> (x + attention, layer cache)."""
   dt = config.compute_dtype
@@ -121,7 +121,8 @@ def _attention(config: ModelConfig, lp, lc, x, rope, key_bias, index, read_slots
   out = cache_attention.attend(q, ck, cv, key_bias, np.float32(1.0 / math.sqrt(d)),
                                config.decode_attention,
                                splits=config.decode_attention_splits or None,
-                               length=index + 1, read_slots=read_slots)   # [B, K, G, D]
+                               length=index + 1, read_slots=read_slots,
+                               live=live)                                  # [B, K, G, D]
   y = _mm(out.reshape(b, h * d), lp["o"], config)
   if "o_bias" in lp:
     y = y + lp["o_bias"]
@@ -153,7 +154,8 @@ def _head(config: ModelConfig, packed, x):
   return logits.astype(jnp.float32)
 
 
-def decode_step(config: ModelConfig, packed, tokens, active, cache, read_slots=None):
+def decode_step(config: ModelConfig, packed, tokens, active, cache, read_slots=None,
+                skip_inactive: bool = False):
   """tokens [B] int32, active [B] bool -> (logits [B, V] f32 for the next token, new cache).
 
   Writes each row's token at slot cache['index'] (masked out of the cache where not active),
@@ -161,13 +163,16 @@ def decode_step(config: ModelConfig, packed, tokens, active, cache, read_slots=N
   attention reads the cache only up to the filled length index + 1 (`cache_attention`'s module
   doc: 'xla' in bucketed prefixes, 'pallas' block by block); `read_slots` (static, optional) is
   a bound on index + 1 known at trace time (`bench.memory`'s plan; None: traced).
+  `skip_inactive` (static): rows not `active` are finished and their logits unused (the
+  sampler's loop): 'pallas' then reads none of their cache (their attention is zeros).
   """
   cos, sin, key_mask, key_bias = _step_tables(config, cache, active)
   index = cache["index"]
   x = packed["embed"][tokens].astype(config.compute_dtype)                 # [B, E]
   new_layers = []
   for lp, lc in zip(packed["layers"], cache["layers"]):
-    x, layer_cache = _attention(config, lp, lc, x, (cos, sin), key_bias, index, read_slots)
+    x, layer_cache = _attention(config, lp, lc, x, (cos, sin), key_bias, index, read_slots,
+                                active if skip_inactive else None)
     new_layers.append(layer_cache)
     x = _mlp(config, lp, x)
   new_cache = {"layers": tuple(new_layers), "mask": key_mask, "index": index + 1}

@@ -24,7 +24,9 @@ q/k/v and gate/up packed into single matmuls and a transpose-free attention over
 Conventions. Prompts are left-padded to a bucketed length (see `bucket_length`) so that similar
 batches share one compiled program; every row writes into the same cache slot each step and
 `cache['mask']` marks its real tokens. Rows that are done keep computing (their outputs are
-masked); their new slots are masked out of the cache. Randomness: step `i` uses
+masked; see `_sample_loop` for what they cost); their new slots are masked out of the cache.
+The decode step's attention reads the cache only up to its filled length
+(`sampling.cache_attention`). Randomness: step `i` uses
 `jax.random.fold_in(rng, i)`, so the output is a function of the key (and the batch). With
 `temperature == 0` decoding is greedy and `logprobs` are 0 (the sampling distribution is a point
 mass); `model_logprobs` are always the unmodified model's log-probs (temperature 1, no truncation).
@@ -285,53 +287,32 @@ def decode(config: ModelConfig, params, tokens, active, cache):
 
 
 # --------------------------------------------------------------------------- the fused loop
-def _sample_loop(params, logits, cache, rng, row_max, temperature, top_p, eos_ids, stop_table,
-                 stop_valid, pad_id, *, config: ModelConfig, mode: SamplingMode, max_new: int,
-                 early_exit: bool, packed_decode: bool):
-  """From the logits after a prefill: sample and decode up to `max_new` tokens per row.
+class _LoopInputs(NamedTuple):
+  """The traced constants of one sampling loop (see `_sample_loop`)."""
+  rng: jax.Array
+  row_max: jax.Array        # [B] int32, per-row token limits
+  temperature: jax.Array
+  top_p: jax.Array
+  eos_ids: jax.Array        # [n_eos] int32, -1 padded
+  stop_table: jax.Array     # [n_stops, width] int32 (stop_lib.stop_table)
+  stop_valid: jax.Array
+  pad_id: jax.Array
 
-  Returns (outputs, cache). A row's final token (the one that ended it) is never written into the
-  cache, so afterwards the cache holds every token of each row except its last: a later call
-  that continues the row (`extend_generate`) feeds that token first.
-  """
-  b = logits.shape[0]
-  n = max_new
+
+def _decode_fn(config: ModelConfig, params, packed_decode: bool):
+  """(tokens [B], active [B], cache) -> (logits [B, V], cache): the loop's decode step. Inactive
+  rows are finished (their logits unused), so the packed step skips their cache read where its
+  attention can ('pallas'; `fast_decode.decode_step`'s skip_inactive)."""
   if packed_decode:
     packed = fast_decode.pack_params(config, params)
-    decode_fn = lambda tok, active, cache: fast_decode.decode_step(config, packed, tok, active,
-                                                                    cache)
-  else:
-    decode_fn = lambda tok, active, cache: _decode_impl(config, params, tok, active, cache)
-  width = stop_table.shape[1]
+    return lambda tok, active, cache: fast_decode.decode_step(config, packed, tok, active, cache,
+                                                              skip_inactive=True)
+  return lambda tok, active, cache: _decode_impl(config, params, tok, active, cache)
 
-  def sample_and_record(i, logits, st):
-    tok, lp, mlp = sample_logits(logits, jax.random.fold_in(rng, i), temperature, top_p,
-                                 mode=mode)
-    active = ~st["done"]
-    tok = jnp.where(active, tok, pad_id)
-    count = st["count"] + active.astype(jnp.int32)
-    hit_eos = jnp.any(tok[:, None] == eos_ids[None], axis=-1) if eos_ids.shape[0] else False
-    st = dict(st)
-    if width:
-      st["window"] = jnp.concatenate([st["window"][:, 1:], tok[:, None]], axis=1)
-      hit_stop = stop_lib.ends_with_stop(st["window"], stop_table, stop_valid)
-    else:
-      hit_stop = False
-    reason = jnp.where(hit_eos, STOP_EOS,
-                       jnp.where(hit_stop, STOP_STOP,
-                                 jnp.where(count >= row_max, STOP_LENGTH, STOP_NONE)))
-    reason = jnp.where(active, reason, st["reason"]).astype(jnp.int32)
-    st["reason"] = reason
-    st["done"] = st["done"] | (active & (reason != STOP_NONE))
-    st["count"] = count
-    col = lambda buf, x: jax.lax.dynamic_update_slice(buf, x[:, None].astype(buf.dtype), (0, i))
-    st["tokens"] = col(st["tokens"], tok)
-    st["logprobs"] = col(st["logprobs"], jnp.where(active, lp, 0.0))
-    st["model_logprobs"] = col(st["model_logprobs"], jnp.where(active, mlp, 0.0))
-    st["mask"] = col(st["mask"], active)
-    return st
 
-  st = {
+def _initial_state(b: int, n: int, width: int, row_max, pad_id) -> dict:
+  """The loop's per-row record: outputs [B, N], done / count / reason [B], stop window."""
+  return {
       "tokens": jnp.full((b, n), pad_id, jnp.int32),
       "logprobs": jnp.zeros((b, n), jnp.float32),
       "model_logprobs": jnp.zeros((b, n), jnp.float32),
@@ -342,6 +323,58 @@ def _sample_loop(params, logits, cache, rng, row_max, temperature, top_p, eos_id
       "window": jnp.full((b, width), -1, jnp.int32),
   }
 
+
+def _end_reason(tok, st, inp: _LoopInputs, count, width: int):
+  """Why each row ends at this token (STOP_*; STOP_NONE: it goes on) and the new stop window."""
+  window = st["window"]
+  hit_eos = jnp.any(tok[:, None] == inp.eos_ids[None], axis=-1) if inp.eos_ids.shape[0] else False
+  if width:
+    window = jnp.concatenate([window[:, 1:], tok[:, None]], axis=1)
+    hit_stop = stop_lib.ends_with_stop(window, inp.stop_table, inp.stop_valid)
+  else:
+    hit_stop = False
+  reason = jnp.where(hit_eos, STOP_EOS,
+                     jnp.where(hit_stop, STOP_STOP,
+                               jnp.where(count >= inp.row_max, STOP_LENGTH, STOP_NONE)))
+  return reason, window
+
+
+def _sample_and_record(i, logits, st, inp: _LoopInputs, mode: SamplingMode):
+  """Step i: draws a token per row from `logits`, records it for rows not done, ends rows."""
+  tok, lp, mlp = sample_logits(logits, jax.random.fold_in(inp.rng, i), inp.temperature,
+                               inp.top_p, mode=mode)
+  active = ~st["done"]
+  tok = jnp.where(active, tok, inp.pad_id)
+  count = st["count"] + active.astype(jnp.int32)
+  reason, window = _end_reason(tok, st, inp, count, st["window"].shape[1])
+  reason = jnp.where(active, reason, st["reason"]).astype(jnp.int32)
+  col = lambda buf, x: jax.lax.dynamic_update_slice(buf, x[:, None].astype(buf.dtype), (0, i))
+  return dict(st, window=window, reason=reason, count=count,
+              done=st["done"] | (active & (reason != STOP_NONE)),
+              tokens=col(st["tokens"], tok),
+              logprobs=col(st["logprobs"], jnp.where(active, lp, 0.0)),
+              model_logprobs=col(st["model_logprobs"], jnp.where(active, mlp, 0.0)),
+              mask=col(st["mask"], active))
+
+
+def _sample_loop(params, logits, cache, rng, row_max, temperature, top_p, eos_ids, stop_table,
+                 stop_valid, pad_id, *, config: ModelConfig, mode: SamplingMode, max_new: int,
+                 early_exit: bool, packed_decode: bool):
+  """From the logits after a prefill: sample and decode up to `max_new` tokens per row.
+
+  Returns (outputs, cache). A row's final token (the one that ended it) is never written into the
+  cache, so afterwards the cache holds every token of each row except its last: a later call
+  that continues the row (`extend_generate`) feeds that token first.
+
+  Finished rows stay in the batch (static shapes, one program) and run every step to the end:
+  their share of the matmuls (small: the step streams the weights once for all rows) and, with
+  'xla' decode attention, their cache read ('pallas' skips it); their outputs are masked.
+  """
+  inp = _LoopInputs(rng, row_max, temperature, top_p, eos_ids, stop_table, stop_valid, pad_id)
+  n = max_new
+  decode_fn = _decode_fn(config, params, packed_decode)
+  st = _initial_state(logits.shape[0], n, stop_table.shape[1], row_max, pad_id)
+
   def decode_next(i, st, logits, cache):
     tok = jax.lax.dynamic_slice_in_dim(st["tokens"], i, 1, axis=1)[:, 0]
     active = jax.lax.dynamic_slice_in_dim(st["mask"], i, 1, axis=1)[:, 0] & ~st["done"]
@@ -351,7 +384,7 @@ def _sample_loop(params, logits, cache, rng, row_max, temperature, top_p, eos_id
   # runs the decode step for the next token (skipped, via lax.cond, after the last one).
   def body(carry):
     i, logits, cache, st = carry
-    st = sample_and_record(i, logits, st)
+    st = _sample_and_record(i, logits, st, inp, mode)
     go_on = (i + 1 < n) & ~jnp.all(st["done"])
     logits, cache = jax.lax.cond(go_on, lambda: decode_next(i, st, logits, cache),
                                  lambda: (logits, cache))
@@ -359,7 +392,7 @@ def _sample_loop(params, logits, cache, rng, row_max, temperature, top_p, eos_id
 
   def body_fixed(i, carry):   # every step, no early exit (and one unused last decode)
     _, logits, cache, st = carry
-    st = sample_and_record(i, logits, st)
+    st = _sample_and_record(i, logits, st, inp, mode)
     logits, cache = decode_next(i, st, logits, cache)
     return i + 1, logits, cache, st
 

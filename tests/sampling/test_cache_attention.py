@@ -243,3 +243,28 @@ def test_greedy_tokens_unchanged_by_the_bounded_read(monkeypatch):
   jax.clear_caches()
   assert np.array_equal(bounded.tokens, full.tokens)
   np.testing.assert_allclose(bounded.model_logprobs, full.model_logprobs, atol=1e-5)
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+def test_pallas_skips_rows_not_live(splits):
+  """Rows not live get zeros without a block read; the live rows are unchanged."""
+  q, ck, cv, mask, bias = _filled(4, 100, 2, 7, 16, jnp.float32, 70)
+  live = jnp.asarray([True, False, True, False])
+  kw = dict(block=16, splits=splits, length=jnp.int32(70))
+  every = np.asarray(cache_attention.attend(q, ck, cv, bias, 0.25, "pallas", **kw))
+  some = np.asarray(cache_attention.attend(q, ck, cv, bias, 0.25, "pallas", live=live, **kw))
+  assert np.array_equal(some[[0, 2]], every[[0, 2]]) and not some[[1, 3]].any()
+
+
+def test_sampler_greedy_tokens_with_the_kernel_skipping_finished_rows():
+  """Rows that end early (EOS, short per-row limits): the kernel path, which skips their cache
+  once finished, gives the XLA path's greedy tokens."""
+  cfg_x, cfg_p = _tiny("xla"), _tiny("pallas")
+  params = init_params(DecoderLM(cfg_x), jax.random.PRNGKey(4))
+  rng = np.random.default_rng(4)
+  prompts = [list(map(int, rng.integers(3, 97, n))) for n in (3, 6, 5, 2)]
+  gen = [sampler.generate_with_params(c, params, prompts, max_new_tokens=10, temperature=0.0,
+                                      eos_ids=(), max_new_tokens_per_row=[2, 10, 5, 1], rng=0)
+         for c in (cfg_x, cfg_p)]
+  assert np.array_equal(gen[0].tokens, gen[1].tokens)
+  assert gen[0].lengths.tolist() == [2, 10, 5, 1]
