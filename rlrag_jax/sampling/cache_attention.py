@@ -30,16 +30,22 @@ every row writes the same slot each step, so at step i only the first `length` =
 can hold a key (the rest are free and masked); reading all S cost 1.5-2x the live KV at the
 sampler's shapes. With `length` (a traced int32 scalar, the filled length):
 
-  'xla'     reads a static prefix of the cache, the smallest of at most `MAX_BUCKETS` bucket
-            lengths (multiples of `BLOCK`, see `read_buckets`) that covers `length`, picked by
-            `lax.switch`: one compiled program whatever the lengths (a switch of at most
-            MAX_BUCKETS branches, each the same fused attention over its prefix), at most one
-            bucket (>= 1 block) past the filled length. Why buckets and not a loop over blocks
-            under an online softmax: the buckets keep XLA:CPU's fused one-pass reductions (a
-            `while` over blocks runs a dynamic slice and a loop trip a block, a layer, a step),
-            and the compiled step stays one program. The prefix's sums equal the full cache's
-            up to float32 rounding (XLA's reduction order depends on the reduced length: a few
-            ulp, not bitwise; masked slots add exact zeros either way).
+  'xla'     with `buckets` > 1 (`MAX_BUCKETS` by default, which is 1: off, see below) reads a
+            static prefix of the cache, the smallest of at most `buckets` lengths (multiples
+            of `BLOCK`, see `read_buckets`) that covers `length`, picked by `lax.switch`: one
+            compiled program whatever the lengths (each branch the same fused attention over
+            its prefix), at most one bucket past the filled length. Buckets rather than a
+            `while` over blocks under an online softmax: they keep XLA's fused reductions and
+            one program. The prefix's sums equal the full cache's up to float32 rounding
+            (XLA's reduction order depends on the reduced length: a few ulp, not bitwise).
+            Why it is off: XLA does not read a prefix in place. XLA:GPU copies it out first
+            (a `wrapped_slice` kernel a cache: read and written once more), XLA:CPU writes it
+            as float32 before the dot-like fusion reads it, and a GPU conditional reads its
+            branch index on the host every layer. Plans of the 0.5B step, batch 256, 512 of
+            1,024 slots filled (`bench.memory --cached 512 --cache-slots 1024`): 8.45 GB a
+            step with the prefix against 7.72 GB reading all 1,024 slots (XLA:GPU), 19.6
+            against 14.0 GB (XLA:CPU). Until XLA fuses the cut, 'pallas' is the bounded read;
+            the full read also keeps the CPU defaults' committed numbers bit for bit.
   'pallas'  loops over the blocks up to ceil(length / block) (a dynamic trip count; the split
             form shares those blocks between its ranges): blocks past the filled length add
             nothing to the online softmax (alpha 1, p 0), so the output equals the full pass
@@ -53,7 +59,8 @@ row's cache altogether (its program loops over no block and writes zeros); 'xla'
 row's prefix (one bucket for the batch) and ignores it.
 
 `length=None` reads the whole cache (as before). `read_slots` (static) instead bounds the read
-at trace time (used by `bench.memory`'s plan, which cannot see a traced length).
+at trace time (used by `bench.memory`'s plan, which cannot see a traced length): 'xla' cuts
+its bucket, 'pallas' loops to it (the plan still charges the kernel its whole cache operand).
 
 The kernel is written for GPUs; it has been compiled for an H100 (bench.memory --gpu h100) and
 checked against 'xla' in the interpreter (tests/sampling/test_cache_attention.py), but it has
@@ -73,42 +80,52 @@ IMPLS = ("xla", "pallas")
 MIN_TILE = fa.MIN_TILE   # Triton's dot: every tile dimension at least 16
 MIN_PROGRAMS = 256       # ~2 programs per SM of an H100 (132 SMs): fewer leave SMs idle
 BLOCK = 128              # cache slots a kernel step reads; the 'xla' read buckets' unit
-MAX_BUCKETS = 8          # 'xla': most prefix lengths (switch branches) a cache is read in
+MAX_BUCKETS = 1          # 'xla': most prefix lengths (switch branches) a cache is read in;
+                         # 1: the whole cache (module doc: XLA copies a prefix out)
 
 
 def attend(q, ck, cv, key_bias, scale, impl: str = "xla", *, block: int = BLOCK,
-           splits: int | None = None, length=None, read_slots: int | None = None, live=None):
+           splits: int | None = None, length=None, read_slots: int | None = None, live=None,
+           buckets: int | None = None):
   """Attention of each row's query heads over its cache: [B, K, G, D] in q's dtype.
 
   length: traced int32 scalar, slots [length, S) hold no key of any row (module doc); None: all
   may. read_slots: a static bound of the same (the read is cut at trace time). live: [B] bool
-  or None; 'pallas' gives rows not live zeros without reading their cache."""
+  or None; 'pallas' gives rows not live zeros without reading their cache. buckets: 'xla''s
+  most prefix lengths (None: MAX_BUCKETS)."""
+  buckets = MAX_BUCKETS if buckets is None else buckets
   if read_slots is not None:
     if not 0 < read_slots <= ck.shape[1]:
       raise ValueError(f"decode attention: read_slots {read_slots} outside (0, {ck.shape[1]}]")
-    n = next(n for n in read_buckets(ck.shape[1]) if n >= read_slots)
-    ck, cv, key_bias = ck[:, :n], cv[:, :n], key_bias[:, :n]
-    length = None if impl == "xla" else length          # no switch: the prefix is known
+    n = next(n for n in read_buckets(ck.shape[1], most=buckets) if n >= read_slots)
+    if impl == "pallas" and length is None:
+      length = jnp.int32(read_slots)
+    if impl == "xla":
+      # The barrier stands for the switch's branch boundary: without it XLA fuses the cast of
+      # the whole cache into its in-place update, ahead of the cut.
+      ck, cv = jax.lax.optimization_barrier((ck, cv))
+      ck, cv, key_bias = ck[:, :n], cv[:, :n], key_bias[:, :n]
+      length = None                                       # no switch: the prefix is known
   if impl == "xla":
     if length is None:
       return _attend_xla(q, ck, cv, key_bias, scale)
-    return _attend_xla_bounded(q, ck, cv, key_bias, scale, length)
+    return _attend_xla_bounded(q, ck, cv, key_bias, scale, length, buckets)
   if impl == "pallas":
     return attend_pallas(q, ck, cv, key_bias, scale, block=block, splits=splits, length=length,
                          live=live)
   raise ValueError(f"decode attention {impl!r}: expected one of {IMPLS}")
 
 
-def read_buckets(slots: int, block: int = BLOCK, most: int = MAX_BUCKETS) -> tuple:
+def read_buckets(slots: int, block: int = BLOCK, most: int = 8) -> tuple:
   """The prefix lengths 'xla' reads a cache of `slots` in: multiples of a step (one block, or
   more to stay within `most` lengths), the last the whole cache."""
   step = max(block, -(-slots // (most * block)) * block)
   return tuple(min(slots, n) for n in range(step, slots + step, step))
 
 
-def _attend_xla_bounded(q, ck, cv, key_bias, scale, length):
+def _attend_xla_bounded(q, ck, cv, key_bias, scale, length, buckets: int):
   """`_attend_xla` over the shortest bucket prefix that holds the first `length` slots."""
-  lens = read_buckets(ck.shape[1])
+  lens = read_buckets(ck.shape[1], most=buckets)
   if len(lens) == 1:
     return _attend_xla(q, ck, cv, key_bias, scale)
   which = jnp.clip((jnp.asarray(length, jnp.int32) - 1) // lens[0], 0, len(lens) - 1)

@@ -163,11 +163,12 @@ def _filled(b, s, kh, g, d, dtype, filled, seed=2):
 
 
 def test_read_buckets_are_few_block_multiples_ending_at_the_cache():
+  assert cache_attention.read_buckets(300, most=1) == (300,)      # MAX_BUCKETS' default: off
   assert cache_attention.read_buckets(100) == (100,)
   assert cache_attention.read_buckets(300) == (128, 256, 300)
   assert cache_attention.read_buckets(640) == (128, 256, 384, 512, 640)
   big = cache_attention.read_buckets(4096 + 40)
-  assert len(big) <= cache_attention.MAX_BUCKETS and big[-1] == 4136
+  assert len(big) <= 8 and big[-1] == 4136
   assert all(n % 128 == 0 for n in big[:-1]) and big[0] == 640
 
 
@@ -179,7 +180,8 @@ def test_xla_read_up_to_the_filled_length_equals_the_full_cache(filled):
   the values it reads, so over fewer slots."""
   q, ck, cv, mask, bias = _filled(4, 300, 2, 3, 16, jnp.float32, filled)
   scale = 0.25
-  f = jax.jit(lambda q, k, v, b, n: cache_attention.attend(q, k, v, b, scale, "xla", length=n))
+  f = jax.jit(lambda q, k, v, b, n: cache_attention.attend(q, k, v, b, scale, "xla", length=n,
+                                                          buckets=8))
   full = np.asarray(cache_attention.attend(q, ck, cv, bias, scale, "xla"))
   part = np.asarray(f(q, ck, cv, bias, jnp.int32(filled)))
   live = mask.any(axis=1)
@@ -194,7 +196,7 @@ def test_xla_read_up_to_the_filled_length_equals_the_full_cache(filled):
 def test_xla_bounded_read_in_bfloat16_within_rounding():
   q, ck, cv, mask, bias = _filled(3, 300, 2, 7, 32, jnp.bfloat16, 140, seed=4)
   full = cache_attention.attend(q, ck, cv, bias, 0.2, "xla")
-  part = cache_attention.attend(q, ck, cv, bias, 0.2, "xla", length=jnp.int32(140))
+  part = cache_attention.attend(q, ck, cv, bias, 0.2, "xla", length=jnp.int32(140), buckets=8)
   assert part.dtype == jnp.bfloat16
   np.testing.assert_allclose(np.asarray(part, np.float32), np.asarray(full, np.float32),
                              atol=2e-2, rtol=2e-2)
@@ -219,27 +221,28 @@ def test_pallas_reads_blocks_up_to_the_filled_length(filled, splits):
 def test_read_slots_cuts_the_read_at_trace_time():
   q, ck, cv, mask, bias = _filled(3, 300, 2, 2, 16, jnp.float32, 160)
   full = np.asarray(cache_attention.attend(q, ck, cv, bias, 0.3, "xla"))
-  cut = np.asarray(cache_attention.attend(q, ck, cv, bias, 0.3, "xla", read_slots=160))
+  cut = np.asarray(cache_attention.attend(q, ck, cv, bias, 0.3, "xla", read_slots=160,
+                                          buckets=8))
   np.testing.assert_allclose(cut, full, rtol=2e-6, atol=1e-7)
   with pytest.raises(ValueError, match="read_slots 301 outside"):
     cache_attention.attend(q, ck, cv, bias, 0.3, "xla", read_slots=301)
 
 
 def test_greedy_tokens_unchanged_by_the_bounded_read(monkeypatch):
-  """A cache of 136 slots (2 read buckets): greedy continuations and the logits of every step
-  as with the whole cache read (MAX_BUCKETS = 1)."""
+  """A cache of 136 slots (2 read buckets with MAX_BUCKETS 8): greedy continuations and the
+  logits of every step as with the whole cache read (the default, MAX_BUCKETS 1)."""
   cfg = _tiny("xla")
   params = init_params(DecoderLM(cfg), jax.random.PRNGKey(5))
   rng = np.random.default_rng(5)
   prompts = [list(map(int, rng.integers(3, 97, n))) for n in (3, 16, 9)]
   run = lambda: sampler.generate_with_params(cfg, params, prompts, max_new_tokens=120,
                                              temperature=0.0, eos_ids=(), rng=0)
-  bounded = run()
-  monkeypatch.setattr(cache_attention, "MAX_BUCKETS", 1)
-  monkeypatch.setattr(cache_attention.read_buckets, "__defaults__", (cache_attention.BLOCK, 1))
-  jax.clear_caches()
-  assert cache_attention.read_buckets(136) == (136,)
+  assert cache_attention.MAX_BUCKETS == 1
   full = run()
+  monkeypatch.setattr(cache_attention, "MAX_BUCKETS", 8)
+  jax.clear_caches()
+  assert cache_attention.read_buckets(136) == (128, 136)
+  bounded = run()
   jax.clear_caches()
   assert np.array_equal(bounded.tokens, full.tokens)
   np.testing.assert_allclose(bounded.model_logprobs, full.model_logprobs, atol=1e-5)
