@@ -44,10 +44,13 @@ per device) and cost analysis (flops, bytes accessed: per device), beside an ide
            already holding P slots (prefix reuse). Ideal: arguments (params and cache) + the
            new KV.
   decode   one decode step of the sampler's loop (`sampling.fast_decode.decode_step` over the
-           packed compute-dtype weights), `--decode-batch` rows over `--cached` cached tokens,
-           the cache donated; `--decode-attention pallas` with the attention as one Pallas
-           kernel a layer (`sampling.cache_attention`). Ideal bytes accessed: the packed
-           weights + the whole KV cache read once + the new KV slot written + the logits.
+           packed compute-dtype weights), `--decode-batch` rows with `--cached` filled slots
+           in a cache of `--cache-slots` (default: `--cached`, a full cache), the cache
+           donated; `--decode-attention pallas` with the attention as one Pallas kernel a
+           layer (`sampling.cache_attention`). The step reads the cache up to its filled
+           length (in the sampler a traced length; here the bound is static, `read_slots`, so
+           the plan shows that read). Ideal bytes accessed: the packed weights + the live KV
+           (the `--cached` filled slots) read once + the new KV slot written + the logits.
 
 `--devices D` (> 1) runs on D host devices (`--xla_force_host_platform_device_count`) with the
 presets' FSDP mesh (data=1, fsdp=D): the per-device figures of an 8-way sharded 7B, from a
@@ -416,7 +419,8 @@ def compile_attention(cfg, mesh, rows: int, tokens: int) -> dict:
 
 def decode_ideal_bytes(cfg, batch: int, cached: int) -> float:
   """Weights in the compute dtype (the embedding once: gathered rows are negligible, the
-  untied head once more) + the whole KV cache read + one new slot written + f32 logits."""
+  untied head once more) + the live KV read (`cached` filled slots, not the whole cache) + one
+  new slot written + f32 logits."""
   import jax.numpy as jnp
   item = jnp.dtype(cfg.compute_dtype).itemsize
   weights = cfg.num_params() * item
@@ -425,8 +429,9 @@ def decode_ideal_bytes(cfg, batch: int, cached: int) -> float:
   return float(weights + kv_read + kv_write + batch * cfg.vocab_size * 4)
 
 
-def compile_decode(cfg, mesh, batch: int, cached: int) -> dict:
-  """Row 'decode': one step of the sampler's inner loop on the packed weights, cache donated."""
+def compile_decode(cfg, mesh, batch: int, cached: int, slots: int = 0) -> dict:
+  """Row 'decode': one step of the sampler's inner loop on the packed weights, cache donated:
+  `cached` filled slots of a cache of `slots` (0: `cached`)."""
   import functools
   import jax
   import jax.numpy as jnp
@@ -436,20 +441,26 @@ def compile_decode(cfg, mesh, batch: int, cached: int) -> dict:
   rep = shd.replicated(mesh)
   params = shd.param_shapes(DecoderLM(cfg))
   packed = _abstract(jax.eval_shape(functools.partial(fast_decode.pack_params, cfg), params), rep)
-  cache = _cache_abstract(cfg, batch, cached, rep)
+  slots = slots or cached
+  if slots < cached:
+    raise ShapeError(f"--cache-slots {slots} is below --cached {cached}: the filled slots must "
+                     "fit in the cache")
+  cache = _cache_abstract(cfg, batch, slots, rep)
   tokens = jax.ShapeDtypeStruct((batch,), jnp.int32, sharding=rep)
   active = jax.ShapeDtypeStruct((batch,), jnp.bool_, sharding=rep)
-  step = jax.jit(fast_decode.decode_step, static_argnums=0, donate_argnums=4)
+  step = jax.jit(functools.partial(fast_decode.decode_step, read_slots=cached),
+                 static_argnums=0, donate_argnums=4)
   compiled, secs = _timed_compile(step, cfg, packed, tokens, active, cache)
   return _row("decode", compiled, decode_ideal_bytes(cfg, batch, cached), 1, compile_s=secs,
-              sequences=batch, tokens=cached, vocab=cfg.vocab_size,
+              sequences=batch, tokens=cached, cache_slots=slots, vocab=cfg.vocab_size,
               decode_attention=cfg.decode_attention,
               decode_splits=cfg.decode_attention_splits)
 
 
 def run(shape: str, *, sequences: int = 64, tokens: int = 512, micro_batches: int = 1,
         logits_chunk: Optional[int] = None, algo: str = "grpo", vocab: Optional[int] = None,
-        decode_batch: int = 256, cached: int = 512, parts=("update", "prefill", "decode"),
+        decode_batch: int = 256, cached: int = 512, cache_slots: int = 0,
+        parts=("update", "prefill", "decode"),
         remat: bool = True, attention_block: int = 512, logits_start: int = 0,
         devices=None, tokens_per_micro_batch: int = 0, layers: Optional[int] = None,
         scan_layers: bool = False, head_backward: str = "auto",
@@ -477,7 +488,7 @@ def run(shape: str, *, sequences: int = 64, tokens: int = 512, micro_batches: in
     rows.append(compile_prefill(cfg, one, min(sequences, decode_batch), tokens // 2,
                                 prefill_prefix + tokens, prefill_prefix))
   if "decode" in parts:
-    rows.append(compile_decode(cfg, one, decode_batch, cached))
+    rows.append(compile_decode(cfg, one, decode_batch, cached, cache_slots))
   for r in rows:
     r["shape"] = shape
     r["scan_layers"] = bool(scan_layers)
@@ -587,7 +598,11 @@ def main(argv=None) -> int:
                   "counts is the per-layer cost, their extrapolation the full model's, at a "
                   "fraction of the compile time")
   ap.add_argument("--decode-batch", type=int, default=256)
-  ap.add_argument("--cached", type=int, default=512, help="KV-cache slots of the decode step")
+  ap.add_argument("--cached", type=int, default=512,
+                  help="filled KV-cache slots the decode step reads (the live KV of its ideal)")
+  ap.add_argument("--cache-slots", type=int, default=0,
+                  help="the decode step's cache size (0: --cached, a full cache); the sampler's "
+                  "is prompt + max new tokens")
   ap.add_argument("--prefill-prefix", type=int, default=0,
                   help="cache slots already filled before the prefill (the sampler's prefix "
                   "reuse; 0: a fresh cache)")
@@ -648,7 +663,8 @@ def main(argv=None) -> int:
     rows = run(args.shape, sequences=args.sequences, tokens=args.tokens,
                micro_batches=args.micro_batches, logits_chunk=args.logits_chunk,
                algo=args.algo, vocab=args.vocab, decode_batch=args.decode_batch,
-               cached=args.cached, parts=parts, remat=not args.no_remat,
+               cached=args.cached, cache_slots=args.cache_slots, parts=parts,
+               remat=not args.no_remat,
                attention_block=args.attention_block, logits_start=args.logits_start,
                scan_layers=args.scan_layers,
                tokens_per_micro_batch=args.tokens_per_micro_batch, layers=args.layers,

@@ -20,6 +20,14 @@ a plain reduction reads from memory), so a target above the ceiling is out of re
 sampler compiled by this jaxlib on this machine, not of the hardware itself. The
 floor binds where arithmetic dominates (the 100m size); on tiny models per-call overhead
 dominates both implementations and the line says so instead.
+
+  python -m rlrag_jax.bench.sampling --nucleus [--batch 64 --vocab 151936 --repeats 5]
+
+times the top-p mask without top-k alone (`sampler._nucleus_mask`: the threshold from the 256
+largest logits, bisection only where a row's nucleus reaches past them) against the bisection
+it replaced (32 masked passes over the vocab, `sampler._nucleus_bisect`), on peaked logits (the
+candidates decide) and flat ones (the fallback), interleaved; it prints ours, the reference and
+their ratio, and checks that both keep the same tokens.
 """
 from __future__ import annotations
 
@@ -173,6 +181,40 @@ def segment_estimate(run, n: int, short: int, repeats: int):
   return min(one) + (n - 1) * step, min(one), step
 
 
+def nucleus_compare(batch: int, vocab: int, repeats: int, top_p: float = 0.9) -> list:
+  """ours / reference seconds per top-p mask at [batch, vocab] (module doc), per logit kind."""
+  import jax
+  import jax.numpy as jnp
+  from rlrag_jax.sampling import sampler
+
+  def reference(z, e, p):
+    target = p * jnp.sum(e, axis=-1, keepdims=True)
+    return z >= sampler._nucleus_bisect(z, e, target)
+
+  ours_fn, ref_fn = jax.jit(sampler._nucleus_mask), jax.jit(reference)
+  rows = []
+  for kind, scale in (("peaked", 10.0), ("flat", 0.1)):
+    z = jax.random.normal(jax.random.PRNGKey(0), (batch, vocab), jnp.float32) * scale
+    e = jnp.exp(z - jnp.max(z, axis=-1, keepdims=True))
+    p = jnp.float32(top_p)
+    same = bool(jnp.all(ours_fn(z, e, p) == ref_fn(z, e, p)))
+    target = p * jnp.sum(e, axis=-1, keepdims=True)
+    decided = int(jnp.sum(sampler._nucleus_candidates(z, target, jnp.max(z, -1, keepdims=True))[1]))
+    ours_t, ref_t = [], []
+    for _ in range(repeats):             # interleaved: load from other processes hits both
+      for fn, ts in ((ours_fn, ours_t), (ref_fn, ref_t)):
+        t = time.perf_counter()
+        jax.block_until_ready(fn(z, e, p))
+        ts.append(time.perf_counter() - t)
+    rows.append(dict(kind=kind, ours=min(ours_t), reference=min(ref_t), same=same,
+                     decided=decided))
+    print(f"top-p {top_p} mask, {kind} logits (normal x {scale:g}) [{batch}, {vocab}], "
+          f"{decided} of {batch} rows decided by the candidates: ours {min(ours_t) * 1e3:.1f} ms,"
+          f" reference (bisection) {min(ref_t) * 1e3:.1f} ms, ratio "
+          f"{min(ref_t) / min(ours_t):.2f}x; same tokens kept: {same}", flush=True)
+  return rows
+
+
 def _fmt(times):
   return ", ".join(f"{t:.2f}s" for t in times)
 
@@ -202,8 +244,16 @@ def main(argv=None):
   ap.add_argument("--segments", type=int, default=0, metavar="K",
                   help="also estimate each side from K interleaved pairs of 1-token and 16-token "
                        "calls (min prefill + (N-1) x min step; robust when the CPU is shared)")
+  ap.add_argument("--nucleus", action="store_true",
+                  help="time the top-p mask alone against the bisection it replaced (module doc)")
+  ap.add_argument("--vocab", type=int, default=151936, help="with --nucleus: the logits' width")
   ap.add_argument("--smoke", action="store_true", help=HELP_SMOKE)
   args = ap.parse_args(argv)
+  if args.nucleus:
+    import jax
+    print(f"jax {jax.__version__} ({jax.default_backend()}); load average "
+          f"{os.getloadavg()[0]:.2f}")
+    return nucleus_compare(args.batch if args.batch != 16 else 64, args.vocab, args.repeats)
   if args.smoke:
     ap.set_defaults(sizes="tiny", batch=2, new_tokens=8, prompt_min=4, prompt_max=8, repeats=1,
                     torch_threads=1, segments=1)

@@ -1,6 +1,6 @@
 """The decode step's attention: one new query per row over that row's KV cache, grouped-query.
 
-  attend(q, ck, cv, key_bias, scale, impl) -> [B, K, G, D]
+  attend(q, ck, cv, key_bias, scale, impl, length=None) -> [B, K, G, D]
 
 q [B, H, D] (H = K x G query heads), ck / cv [B, S, K, D] (the cache layout of
 `models.decoder.init_cache`), key_bias [B, S] float32 (0 where a slot may be attended, the
@@ -25,6 +25,43 @@ float32 minimum where not; see `fast_decode.decode_step`). Two implementations, 
             the ranges (`splits`: None picks the fewest ranges that reach MIN_PROGRAMS; a count
             is cut to one range a block; 1 is the single pass above).
 
+Reads bounded to the filled length. The sampler's cache holds S = prompt + max_new slots, and
+every row writes the same slot each step, so at step i only the first `length` = index + 1 slots
+can hold a key (the rest are free and masked); reading all S cost 1.5-2x the live KV at the
+sampler's shapes. With `length` (a traced int32 scalar, the filled length):
+
+  'xla'     with `buckets` > 1 (`MAX_BUCKETS` by default, which is 1: off, see below) reads a
+            static prefix of the cache, the smallest of at most `buckets` lengths (multiples
+            of `BLOCK`, see `read_buckets`) that covers `length`, picked by `lax.switch`: one
+            compiled program whatever the lengths (each branch the same fused attention over
+            its prefix), at most one bucket past the filled length. Buckets rather than a
+            `while` over blocks under an online softmax: they keep XLA's fused reductions and
+            one program. The prefix's sums equal the full cache's up to float32 rounding
+            (XLA's reduction order depends on the reduced length: a few ulp, not bitwise).
+            Why it is off: XLA does not read a prefix in place. XLA:GPU copies it out first
+            (a `wrapped_slice` kernel a cache: read and written once more), XLA:CPU writes it
+            as float32 before the dot-like fusion reads it, and a GPU conditional reads its
+            branch index on the host every layer. Plans of the 0.5B step, batch 256, 512 of
+            1,024 slots filled (`bench.memory --cached 512 --cache-slots 1024`): 8.45 GB a
+            step with the prefix against 7.72 GB reading all 1,024 slots (XLA:GPU), 19.6
+            against 14.0 GB (XLA:CPU). Until XLA fuses the cut, 'pallas' is the bounded read;
+            the full read also keeps the CPU defaults' committed numbers bit for bit.
+  'pallas'  loops over the blocks up to ceil(length / block) (a dynamic trip count; the split
+            form shares those blocks between its ranges): blocks past the filled length add
+            nothing to the online softmax (alpha 1, p 0), so the output equals the full pass
+            bit for bit in the single pass.
+
+Finished rows. The sampler's batch keeps its shape to the end (static shapes: one program),
+so a finished row still runs the whole step: its share of the matmuls (which stream the
+weights once for all rows, so a row costs little at decode's batch sizes) and, by default, its
+cache read. `live` [B] bool (the sampler passes its unfinished rows) lets 'pallas' skip a dead
+row's cache altogether (its program loops over no block and writes zeros); 'xla' reads every
+row's prefix (one bucket for the batch) and ignores it.
+
+`length=None` reads the whole cache (as before). `read_slots` (static) instead bounds the read
+at trace time (used by `bench.memory`'s plan, which cannot see a traced length): 'xla' cuts
+its bucket, 'pallas' loops to it (the plan still charges the kernel its whole cache operand).
+
 The kernel is written for GPUs; it has been compiled for an H100 (bench.memory --gpu h100) and
 checked against 'xla' in the interpreter (tests/sampling/test_cache_attention.py), but it has
 not yet run on a GPU: `bench.accelerator` times both on one when a session is lent a GPU.
@@ -42,17 +79,60 @@ from rlrag_jax.models import flash_attention as fa
 IMPLS = ("xla", "pallas")
 MIN_TILE = fa.MIN_TILE   # Triton's dot: every tile dimension at least 16
 MIN_PROGRAMS = 256       # ~2 programs per SM of an H100 (132 SMs): fewer leave SMs idle
-BLOCK = 128              # cache slots a kernel step reads
+BLOCK = 128              # cache slots a kernel step reads; the 'xla' read buckets' unit
+MAX_BUCKETS = 1          # 'xla': most prefix lengths (switch branches) a cache is read in;
+                         # 1: the whole cache (module doc: XLA copies a prefix out)
 
 
 def attend(q, ck, cv, key_bias, scale, impl: str = "xla", *, block: int = BLOCK,
-           splits: int | None = None):
-  """Attention of each row's query heads over its cache: [B, K, G, D] in q's dtype."""
+           splits: int | None = None, length=None, read_slots: int | None = None, live=None,
+           buckets: int | None = None):
+  """Attention of each row's query heads over its cache: [B, K, G, D] in q's dtype.
+
+  length: traced int32 scalar, slots [length, S) hold no key of any row (module doc); None: all
+  may. read_slots: a static bound of the same (the read is cut at trace time). live: [B] bool
+  or None; 'pallas' gives rows not live zeros without reading their cache. buckets: 'xla''s
+  most prefix lengths (None: MAX_BUCKETS)."""
+  buckets = MAX_BUCKETS if buckets is None else buckets
+  if read_slots is not None:
+    if not 0 < read_slots <= ck.shape[1]:
+      raise ValueError(f"decode attention: read_slots {read_slots} outside (0, {ck.shape[1]}]")
+    n = next(n for n in read_buckets(ck.shape[1], most=buckets) if n >= read_slots)
+    if impl == "pallas" and length is None:
+      length = jnp.int32(read_slots)
+    if impl == "xla":
+      # The barrier stands for the switch's branch boundary: without it XLA fuses the cast of
+      # the whole cache into its in-place update, ahead of the cut.
+      ck, cv = jax.lax.optimization_barrier((ck, cv))
+      ck, cv, key_bias = ck[:, :n], cv[:, :n], key_bias[:, :n]
+      length = None                                       # no switch: the prefix is known
   if impl == "xla":
-    return _attend_xla(q, ck, cv, key_bias, scale)
+    if length is None:
+      return _attend_xla(q, ck, cv, key_bias, scale)
+    return _attend_xla_bounded(q, ck, cv, key_bias, scale, length, buckets)
   if impl == "pallas":
-    return attend_pallas(q, ck, cv, key_bias, scale, block=block, splits=splits)
+    return attend_pallas(q, ck, cv, key_bias, scale, block=block, splits=splits, length=length,
+                         live=live)
   raise ValueError(f"decode attention {impl!r}: expected one of {IMPLS}")
+
+
+def read_buckets(slots: int, block: int = BLOCK, most: int = 8) -> tuple:
+  """The prefix lengths 'xla' reads a cache of `slots` in: multiples of a step (one block, or
+  more to stay within `most` lengths), the last the whole cache."""
+  step = max(block, -(-slots // (most * block)) * block)
+  return tuple(min(slots, n) for n in range(step, slots + step, step))
+
+
+def _attend_xla_bounded(q, ck, cv, key_bias, scale, length, buckets: int):
+  """`_attend_xla` over the shortest bucket prefix that holds the first `length` slots."""
+  lens = read_buckets(ck.shape[1], most=buckets)
+  if len(lens) == 1:
+    return _attend_xla(q, ck, cv, key_bias, scale)
+  which = jnp.clip((jnp.asarray(length, jnp.int32) - 1) // lens[0], 0, len(lens) - 1)
+  branches = [functools.partial(lambda n, *a: _attend_xla(a[0], a[1][:, :n], a[2][:, :n],
+                                                          a[3][:, :n], scale), n)
+              for n in lens]
+  return jax.lax.switch(which, branches, q, ck, cv, key_bias)
 
 
 def _attend_xla(q, ck, cv, key_bias, scale):
@@ -107,25 +187,38 @@ def _online_softmax(q, k_ref, v_ref, bias_ref, b, h, first, last, *, block, slot
   return jax.lax.fori_loop(first, last, step, init)
 
 
-def _kernel(q_ref, k_ref, v_ref, bias_ref, o_ref, *, block: int, slots: int, scale: float):
+def _live_blocks(len_ref, b, *, block: int, slots: int):
+  """Blocks holding row b's first len_ref[b] slots (the filled length; 0 for a row not live),
+  at most the cache's."""
+  from jax.experimental import pallas as pl
+  return jnp.minimum(pl.cdiv(len_ref[b], block), pl.cdiv(slots, block))
+
+
+def _kernel(q_ref, k_ref, v_ref, bias_ref, len_ref, o_ref, *, block: int, slots: int,
+            scale: float):
   """One program: row b, KV head h. q_ref [G', D]; k_ref / v_ref the whole [B, S, K, D] caches
-  (read block by block, the tail masked); bias_ref the whole [B, S]; o_ref [G', D]."""
+  (read block by block up to the row's filled length len_ref[b], the tail masked); bias_ref the
+  whole [B, S]; o_ref [G', D] (zeros for a row of no block: l = 0)."""
   from jax.experimental import pallas as pl
   b, h = pl.program_id(0), pl.program_id(1)
-  _, l, acc = _online_softmax(q_ref[...], k_ref, v_ref, bias_ref, b, h, 0,
-                              pl.cdiv(slots, block), block=block, slots=slots, scale=scale)
-  o_ref[...] = (acc / l[:, None]).astype(o_ref.dtype)
+  live = _live_blocks(len_ref, b, block=block, slots=slots)
+  _, l, acc = _online_softmax(q_ref[...], k_ref, v_ref, bias_ref, b, h, 0, live, block=block,
+                              slots=slots, scale=scale)
+  o_ref[...] = (acc / jnp.where(l > 0, l, 1.0)[:, None]).astype(o_ref.dtype)
 
 
-def _split_kernel(q_ref, k_ref, v_ref, bias_ref, acc_ref, m_ref, l_ref, *, block: int,
-                  slots: int, scale: float, per: int):
-  """One program: row b, KV head h, cache blocks [r * per, (r + 1) * per). Writes the range's
-  unnormalised output acc_ref [G', D] and its running max m_ref / sum l_ref [G'] (f32); a range
-  past the cache's end writes m = float32 minimum, l = 0, acc = 0."""
+def _split_kernel(q_ref, k_ref, v_ref, bias_ref, len_ref, acc_ref, m_ref, l_ref, *,
+                  block: int, slots: int, scale: float, splits: int):
+  """One program: row b, KV head h, cache blocks [r * per, (r + 1) * per), the blocks up to the
+  filled length shared between the `splits` ranges. Writes the range's unnormalised output
+  acc_ref [G', D] and its running max m_ref / sum l_ref [G'] (f32); a range past the filled
+  length writes m = float32 minimum, l = 0, acc = 0."""
   from jax.experimental import pallas as pl
   b, h, r = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+  live = _live_blocks(len_ref, b, block=block, slots=slots)
+  per = pl.cdiv(live, splits)
   first = r * per
-  last = jnp.minimum(first + per, pl.cdiv(slots, block))
+  last = jnp.minimum(first + per, live)
   m, l, acc = _online_softmax(q_ref[...], k_ref, v_ref, bias_ref, b, h, first, last,
                               block=block, slots=slots, scale=scale)
   acc_ref[...], m_ref[...], l_ref[...] = acc, m, l
@@ -135,19 +228,16 @@ def _combine(acc, m, l):
   """Ranges' partials acc [B, K, R, G', D], m / l [B, K, R, G'] -> [B, K, G', D] f32. Each
   range is weighted by exp(its max - the overall max); a range of masked slots only (max the
   float32 minimum) weighs 0 beside any real slot, and a row with no slot at all averages its
-  masked slots as the single pass does."""
+  masked slots as the single pass does; a row of no block (not live) gets zeros."""
   top = jnp.max(m, axis=2, keepdims=True)
   w = jnp.exp(m - top)                                              # [B, K, R, G']
-  return jnp.sum(w[..., None] * acc, axis=2) / jnp.sum(w * l, axis=2)[..., None]
+  den = jnp.sum(w * l, axis=2)
+  return jnp.sum(w[..., None] * acc, axis=2) / jnp.where(den > 0, den, 1.0)[..., None]
 
 
-def attend_pallas(q, ck, cv, key_bias, scale, *, block: int = BLOCK,
-                  splits: int | None = None):
-  """The 'pallas' implementation (module doc)."""
-  from jax.experimental import pallas as pl
-  from jax.experimental.pallas import triton as plt
-  b, h, d = q.shape
-  _, slots, kh, dk = ck.shape
+def _check(q, ck, block: int, splits) -> None:
+  """Refuses what the kernel cannot tile or run (TPU, head_dim, block, splits)."""
+  d, dk = q.shape[-1], ck.shape[-1]
   fa.refuse_tpu("model.decode_attention")
   if dk != d or d & (d - 1) or d < MIN_TILE:
     raise ValueError(f"decode attention 'pallas': head_dim {d} must be a power of two >= "
@@ -155,21 +245,34 @@ def attend_pallas(q, ck, cv, key_bias, scale, *, block: int = BLOCK,
   if block & (block - 1) or block < MIN_TILE:
     raise ValueError(f"decode attention 'pallas': block {block} must be a power of two >= "
                      f"{MIN_TILE}")
+  if splits is not None and int(splits) < 1:
+    raise ValueError(f"decode attention 'pallas': splits {splits} must be >= 1 (None: "
+                     f"auto_splits)")
+
+
+def attend_pallas(q, ck, cv, key_bias, scale, *, block: int = BLOCK,
+                  splits: int | None = None, length=None, live=None):
+  """The 'pallas' implementation (module doc)."""
+  from jax.experimental import pallas as pl
+  from jax.experimental.pallas import triton as plt
+  b, h, d = q.shape
+  _, slots, kh, _ = ck.shape
+  _check(q, ck, block, splits)
   g = h // kh
   gp = _pow2_at_least(g, MIN_TILE)
   qg = q.reshape(b, kh, g, d)
   if gp != g:
     qg = jnp.pad(qg, ((0, 0), (0, 0), (0, gp - g), (0, 0)))
   blocks = -(-slots // block)
-  if splits is not None and int(splits) < 1:
-    raise ValueError(f"decode attention 'pallas': splits {splits} must be >= 1 (None: "
-                     f"auto_splits)")
   # at most one range a block (a fixed count meets caches of any length)
   splits = auto_splits(b, kh, slots, block) if splits is None else min(int(splits), blocks)
   whole = pl.BlockSpec(memory_space=pl.ANY)
   params = plt.CompilerParams(num_warps=4, num_stages=2)
   kw = dict(block=block, slots=slots, scale=float(scale))
   bias = key_bias.astype(jnp.float32)
+  filled = jnp.broadcast_to(jnp.asarray(slots if length is None else length, jnp.int32), (b,))
+  if live is not None:
+    filled = jnp.where(live, filled, 0)                              # [B], read as len_ref[b]
 
   if splits == 1:
     def call(interpret, *args):
@@ -178,26 +281,25 @@ def attend_pallas(q, ck, cv, key_bias, scale, *, block: int = BLOCK,
           out_shape=jax.ShapeDtypeStruct((b, kh, gp, d), q.dtype),
           grid=(b, kh),
           in_specs=[pl.BlockSpec((None, None, gp, d), lambda i, j: (i, j, 0, 0)), whole, whole,
-                    whole],
+                    whole, whole],
           out_specs=pl.BlockSpec((None, None, gp, d), lambda i, j: (i, j, 0, 0)),
           compiler_params=params, interpret=interpret, name="decode_cache_attention")(*args)
-    return fa.lowered_where_compiled(call, qg, ck, cv, bias)[:, :, :g]
+    return fa.lowered_where_compiled(call, qg, ck, cv, bias, filled)[:, :, :g]
 
-  per = -(-blocks // splits)
   tile = pl.BlockSpec((None, None, None, gp, d), lambda i, j, r: (i, j, r, 0, 0))
   row = pl.BlockSpec((None, None, None, gp), lambda i, j, r: (i, j, r, 0))
 
   def call_split(interpret, *args):
     return pl.pallas_call(
-        functools.partial(_split_kernel, per=per, **kw),
+        functools.partial(_split_kernel, splits=splits, **kw),
         out_shape=(jax.ShapeDtypeStruct((b, kh, splits, gp, d), jnp.float32),
                    jax.ShapeDtypeStruct((b, kh, splits, gp), jnp.float32),
                    jax.ShapeDtypeStruct((b, kh, splits, gp), jnp.float32)),
         grid=(b, kh, splits),
         in_specs=[pl.BlockSpec((None, None, gp, d), lambda i, j, r: (i, j, 0, 0)), whole, whole,
-                  whole],
+                  whole, whole],
         out_specs=(tile, row, row),
         compiler_params=params, interpret=interpret, name="decode_cache_attention_split")(*args)
 
-  acc, m, l = fa.lowered_where_compiled(call_split, qg, ck, cv, bias)
+  acc, m, l = fa.lowered_where_compiled(call_split, qg, ck, cv, bias, filled)
   return _combine(acc, m, l)[:, :, :g].astype(q.dtype)

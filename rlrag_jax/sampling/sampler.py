@@ -24,7 +24,9 @@ q/k/v and gate/up packed into single matmuls and a transpose-free attention over
 Conventions. Prompts are left-padded to a bucketed length (see `bucket_length`) so that similar
 batches share one compiled program; every row writes into the same cache slot each step and
 `cache['mask']` marks its real tokens. Rows that are done keep computing (their outputs are
-masked); their new slots are masked out of the cache. Randomness: step `i` uses
+masked; see `_sample_loop` for what they cost); their new slots are masked out of the cache.
+The decode step's attention reads the cache only up to its filled length
+(`sampling.cache_attention`). Randomness: step `i` uses
 `jax.random.fold_in(rng, i)`, so the output is a function of the key (and the batch). With
 `temperature == 0` decoding is greedy and `logprobs` are 0 (the sampling distribution is a point
 mass); `model_logprobs` are always the unmodified model's log-probs (temperature 1, no truncation).
@@ -49,6 +51,7 @@ STOP_NONE, STOP_EOS, STOP_STOP, STOP_LENGTH = 0, 1, 2, 3
 _REASONS = {STOP_NONE: "none", STOP_EOS: "eos", STOP_STOP: "stop", STOP_LENGTH: "length"}
 _BLOCK = 128          # block width of the two-level inverse-CDF draw over the vocab
 _NUCLEUS_ITERS = 32   # bisection steps of the full-vocab top-p threshold (f32 converges by then)
+_NUCLEUS_CANDIDATES = 256   # largest logits the full-vocab top-p threshold is first sought in
 
 
 # --------------------------------------------------------------------------- results
@@ -147,14 +150,35 @@ def _nucleus_sorted(vals, top_p):
   return jnp.where(before < top_p, vals, -jnp.inf)
 
 
-def _nucleus_mask(z, e, top_p):
-  """Full-vocab top-p without a sort. z [B, V] logits, e = exp(z - max z) -> keep [B, V] bool.
+def _nucleus_candidates(z, target, m):
+  """The top-p threshold from the `_NUCLEUS_CANDIDATES` largest logits (one `lax.top_k` pass over
+  the vocab). z [B, V], target [B, 1] (top_p x the mass), m [B, 1] = max z -> (thr [B, 1],
+  found [B] bool: thr is exact; where False the nucleus reaches past the candidates).
 
-  Keeps the smallest set of most likely tokens whose mass reaches top_p (the same set as the
-  sort-based rule "drop a token when the mass ahead of it is >= top_p"), found by bisecting the
-  logit threshold and snapping it to the nearest logit at or above it.
+  Exactness: let c_1 >= ... >= c_K be the K largest logits. For c_j > c_K every token with
+  z >= c_j is a candidate (one outside has z <= c_K), so the candidates' mass at or above c_j
+  is mass(z >= c_j) itself. The threshold thr = max{t in z : mass(z >= t) >= target} is then
+  the largest such c_j whose mass reaches the target; if none does, thr <= c_K and the tokens
+  tied with c_K outside the candidates leave it unknown (found False).
   """
-  target = top_p * jnp.sum(e, axis=-1, keepdims=True)          # [B, 1]
+  v = z.shape[-1]
+  k = min(_NUCLEUS_CANDIDATES, v)
+  vals, _ = jax.lax.top_k(z, k)                                            # [B, k] descending
+  ev = jnp.exp(vals - m)
+  ahead = vals[:, None, :] >= vals[:, :, None]                             # [B, j, i]
+  mass = jnp.sum(jnp.where(ahead, ev[:, None, :], 0.0), axis=-1)           # mass(z >= c_j)
+  # the smallest as a min, not vals[:, -1:]: XLA:CPU turns a slice of top_k into a full sort
+  known = (vals > jnp.min(vals, axis=-1, keepdims=True)) | (k == v)
+  ok = known & (mass >= target)
+  thr = jnp.max(jnp.where(ok, vals, -jnp.inf), axis=-1, keepdims=True)
+  return thr, jnp.any(ok, axis=-1)
+
+
+def _nucleus_bisect(z, e, target):
+  """The threshold by bisection over the logit range, snapped to the nearest logit at or above
+  it: `_NUCLEUS_ITERS` masked passes over the vocab (float32 has converged by then: the
+  interval, under 101 wide, ends below 3e-8, under half an ulp of any logit beyond 0.5 in
+  magnitude; the snap makes it exact where distinct logits differ by more)."""
   m = jnp.max(z, axis=-1, keepdims=True)
   lo = jnp.maximum(jnp.min(z, axis=-1, keepdims=True), m - 100.0)   # mass(z >= lo) >= target
   hi = m + 1.0                                                      # mass(z >= hi) = 0
@@ -167,7 +191,25 @@ def _nucleus_mask(z, e, top_p):
     return jnp.where(ok, mid, lo), jnp.where(ok, hi, mid)
 
   lo, _ = jax.lax.fori_loop(0, _NUCLEUS_ITERS, body, (lo, hi))
-  thr = jnp.min(jnp.where(z >= lo, z, jnp.inf), axis=-1, keepdims=True)
+  return jnp.min(jnp.where(z >= lo, z, jnp.inf), axis=-1, keepdims=True)
+
+
+def _nucleus_mask(z, e, top_p):
+  """Full-vocab top-p without a sort. z [B, V] logits, e = exp(z - max z) -> keep [B, V] bool.
+
+  Keeps the smallest set of most likely tokens whose mass reaches top_p, every token tied with
+  the last one included: z >= thr, thr = max{t in z : mass(z >= t) >= top_p x mass} (the
+  sort-based rule "drop a token when the mass ahead of it is >= top_p", ties kept together).
+  The threshold comes from the largest `_NUCLEUS_CANDIDATES` logits (`_nucleus_candidates`: one
+  top_k pass, exact whenever the nucleus lies within them); only when some row's nucleus is
+  larger (a flat distribution) does the batch fall back to the bisection (32 masked passes
+  over the vocab, `_nucleus_bisect`), chosen by `lax.cond`, so a step pays it only then.
+  """
+  target = top_p * jnp.sum(e, axis=-1, keepdims=True)          # [B, 1]
+  m = jnp.max(z, axis=-1, keepdims=True)
+  thr, found = _nucleus_candidates(z, target, m)
+  thr = jax.lax.cond(jnp.all(found), lambda: thr,
+                     lambda: jnp.where(found[:, None], thr, _nucleus_bisect(z, e, target)))
   return z >= thr
 
 
@@ -191,10 +233,13 @@ def sample_logits(logits, rng, temperature=1.0, top_p=1.0, *, mode: SamplingMode
       vals, idx = jax.lax.top_k(z, mode.top_k)                   # [B, k] descending
       if mode.use_top_p:
         vals = _nucleus_sorted(vals, top_p)
-      e = jnp.exp(vals - vals[:, :1])
+      # the largest as a max, not vals[:, :1]: XLA:CPU turns a slice of top_k into a full sort
+      # of the vocab (5.8 s a draw at 64 x 151,936, against 0.05 s)
+      top = jnp.max(vals, axis=-1, keepdims=True)
+      e = jnp.exp(vals - top)
       j = _draw(e, u)
       tok = jnp.take_along_axis(idx, j[:, None], -1)[:, 0]
-      lp = (jnp.take_along_axis(vals, j[:, None], -1)[:, 0] - vals[:, 0]
+      lp = (jnp.take_along_axis(vals, j[:, None], -1)[:, 0] - top[:, 0]
             - jnp.log(jnp.sum(e, axis=-1)))
     else:
       m = jnp.max(z, axis=-1, keepdims=True)
@@ -246,53 +291,32 @@ def decode(config: ModelConfig, params, tokens, active, cache):
 
 
 # --------------------------------------------------------------------------- the fused loop
-def _sample_loop(params, logits, cache, rng, row_max, temperature, top_p, eos_ids, stop_table,
-                 stop_valid, pad_id, *, config: ModelConfig, mode: SamplingMode, max_new: int,
-                 early_exit: bool, packed_decode: bool):
-  """From the logits after a prefill: sample and decode up to `max_new` tokens per row.
+class _LoopInputs(NamedTuple):
+  """The traced constants of one sampling loop (see `_sample_loop`)."""
+  rng: jax.Array
+  row_max: jax.Array        # [B] int32, per-row token limits
+  temperature: jax.Array
+  top_p: jax.Array
+  eos_ids: jax.Array        # [n_eos] int32, -1 padded
+  stop_table: jax.Array     # [n_stops, width] int32 (stop_lib.stop_table)
+  stop_valid: jax.Array
+  pad_id: jax.Array
 
-  Returns (outputs, cache). A row's final token (the one that ended it) is never written into the
-  cache, so afterwards the cache holds every token of each row except its last: a later call
-  that continues the row (`extend_generate`) feeds that token first.
-  """
-  b = logits.shape[0]
-  n = max_new
+
+def _decode_fn(config: ModelConfig, params, packed_decode: bool):
+  """(tokens [B], active [B], cache) -> (logits [B, V], cache): the loop's decode step. Inactive
+  rows are finished (their logits unused), so the packed step skips their cache read where its
+  attention can ('pallas'; `fast_decode.decode_step`'s skip_inactive)."""
   if packed_decode:
     packed = fast_decode.pack_params(config, params)
-    decode_fn = lambda tok, active, cache: fast_decode.decode_step(config, packed, tok, active,
-                                                                    cache)
-  else:
-    decode_fn = lambda tok, active, cache: _decode_impl(config, params, tok, active, cache)
-  width = stop_table.shape[1]
+    return lambda tok, active, cache: fast_decode.decode_step(config, packed, tok, active, cache,
+                                                              skip_inactive=True)
+  return lambda tok, active, cache: _decode_impl(config, params, tok, active, cache)
 
-  def sample_and_record(i, logits, st):
-    tok, lp, mlp = sample_logits(logits, jax.random.fold_in(rng, i), temperature, top_p,
-                                 mode=mode)
-    active = ~st["done"]
-    tok = jnp.where(active, tok, pad_id)
-    count = st["count"] + active.astype(jnp.int32)
-    hit_eos = jnp.any(tok[:, None] == eos_ids[None], axis=-1) if eos_ids.shape[0] else False
-    st = dict(st)
-    if width:
-      st["window"] = jnp.concatenate([st["window"][:, 1:], tok[:, None]], axis=1)
-      hit_stop = stop_lib.ends_with_stop(st["window"], stop_table, stop_valid)
-    else:
-      hit_stop = False
-    reason = jnp.where(hit_eos, STOP_EOS,
-                       jnp.where(hit_stop, STOP_STOP,
-                                 jnp.where(count >= row_max, STOP_LENGTH, STOP_NONE)))
-    reason = jnp.where(active, reason, st["reason"]).astype(jnp.int32)
-    st["reason"] = reason
-    st["done"] = st["done"] | (active & (reason != STOP_NONE))
-    st["count"] = count
-    col = lambda buf, x: jax.lax.dynamic_update_slice(buf, x[:, None].astype(buf.dtype), (0, i))
-    st["tokens"] = col(st["tokens"], tok)
-    st["logprobs"] = col(st["logprobs"], jnp.where(active, lp, 0.0))
-    st["model_logprobs"] = col(st["model_logprobs"], jnp.where(active, mlp, 0.0))
-    st["mask"] = col(st["mask"], active)
-    return st
 
-  st = {
+def _initial_state(b: int, n: int, width: int, row_max, pad_id) -> dict:
+  """The loop's per-row record: outputs [B, N], done / count / reason [B], stop window."""
+  return {
       "tokens": jnp.full((b, n), pad_id, jnp.int32),
       "logprobs": jnp.zeros((b, n), jnp.float32),
       "model_logprobs": jnp.zeros((b, n), jnp.float32),
@@ -303,6 +327,58 @@ def _sample_loop(params, logits, cache, rng, row_max, temperature, top_p, eos_id
       "window": jnp.full((b, width), -1, jnp.int32),
   }
 
+
+def _end_reason(tok, st, inp: _LoopInputs, count, width: int):
+  """Why each row ends at this token (STOP_*; STOP_NONE: it goes on) and the new stop window."""
+  window = st["window"]
+  hit_eos = jnp.any(tok[:, None] == inp.eos_ids[None], axis=-1) if inp.eos_ids.shape[0] else False
+  if width:
+    window = jnp.concatenate([window[:, 1:], tok[:, None]], axis=1)
+    hit_stop = stop_lib.ends_with_stop(window, inp.stop_table, inp.stop_valid)
+  else:
+    hit_stop = False
+  reason = jnp.where(hit_eos, STOP_EOS,
+                     jnp.where(hit_stop, STOP_STOP,
+                               jnp.where(count >= inp.row_max, STOP_LENGTH, STOP_NONE)))
+  return reason, window
+
+
+def _sample_and_record(i, logits, st, inp: _LoopInputs, mode: SamplingMode):
+  """Step i: draws a token per row from `logits`, records it for rows not done, ends rows."""
+  tok, lp, mlp = sample_logits(logits, jax.random.fold_in(inp.rng, i), inp.temperature,
+                               inp.top_p, mode=mode)
+  active = ~st["done"]
+  tok = jnp.where(active, tok, inp.pad_id)
+  count = st["count"] + active.astype(jnp.int32)
+  reason, window = _end_reason(tok, st, inp, count, st["window"].shape[1])
+  reason = jnp.where(active, reason, st["reason"]).astype(jnp.int32)
+  col = lambda buf, x: jax.lax.dynamic_update_slice(buf, x[:, None].astype(buf.dtype), (0, i))
+  return dict(st, window=window, reason=reason, count=count,
+              done=st["done"] | (active & (reason != STOP_NONE)),
+              tokens=col(st["tokens"], tok),
+              logprobs=col(st["logprobs"], jnp.where(active, lp, 0.0)),
+              model_logprobs=col(st["model_logprobs"], jnp.where(active, mlp, 0.0)),
+              mask=col(st["mask"], active))
+
+
+def _sample_loop(params, logits, cache, rng, row_max, temperature, top_p, eos_ids, stop_table,
+                 stop_valid, pad_id, *, config: ModelConfig, mode: SamplingMode, max_new: int,
+                 early_exit: bool, packed_decode: bool):
+  """From the logits after a prefill: sample and decode up to `max_new` tokens per row.
+
+  Returns (outputs, cache). A row's final token (the one that ended it) is never written into the
+  cache, so afterwards the cache holds every token of each row except its last: a later call
+  that continues the row (`extend_generate`) feeds that token first.
+
+  Finished rows stay in the batch (static shapes, one program) and run every step to the end:
+  their share of the matmuls (small: the step streams the weights once for all rows) and, with
+  'xla' decode attention, their cache read ('pallas' skips it); their outputs are masked.
+  """
+  inp = _LoopInputs(rng, row_max, temperature, top_p, eos_ids, stop_table, stop_valid, pad_id)
+  n = max_new
+  decode_fn = _decode_fn(config, params, packed_decode)
+  st = _initial_state(logits.shape[0], n, stop_table.shape[1], row_max, pad_id)
+
   def decode_next(i, st, logits, cache):
     tok = jax.lax.dynamic_slice_in_dim(st["tokens"], i, 1, axis=1)[:, 0]
     active = jax.lax.dynamic_slice_in_dim(st["mask"], i, 1, axis=1)[:, 0] & ~st["done"]
@@ -312,7 +388,7 @@ def _sample_loop(params, logits, cache, rng, row_max, temperature, top_p, eos_id
   # runs the decode step for the next token (skipped, via lax.cond, after the last one).
   def body(carry):
     i, logits, cache, st = carry
-    st = sample_and_record(i, logits, st)
+    st = _sample_and_record(i, logits, st, inp, mode)
     go_on = (i + 1 < n) & ~jnp.all(st["done"])
     logits, cache = jax.lax.cond(go_on, lambda: decode_next(i, st, logits, cache),
                                  lambda: (logits, cache))
@@ -320,7 +396,7 @@ def _sample_loop(params, logits, cache, rng, row_max, temperature, top_p, eos_id
 
   def body_fixed(i, carry):   # every step, no early exit (and one unused last decode)
     _, logits, cache, st = carry
-    st = sample_and_record(i, logits, st)
+    st = _sample_and_record(i, logits, st, inp, mode)
     logits, cache = decode_next(i, st, logits, cache)
     return i + 1, logits, cache, st
 

@@ -113,3 +113,23 @@ def test_prefill_row_into_a_fresh_cache_or_onto_a_prefix(tmp_path):
   assert (fresh["prefix"], onto["prefix"]) == (0, 96)
   assert onto["argument_bytes"] - fresh["argument_bytes"] >= 4 * 96 * kv_slot
   assert onto["ideal_bytes"] - fresh["ideal_bytes"] == pytest.approx(4 * 96 * kv_slot, rel=0.01)
+
+
+def test_decode_ideal_counts_the_live_kv_not_the_whole_cache(tmp_path):
+  """`--cache-slots`: the step's cache is larger than its filled slots (the sampler's prompt +
+  max_new layout); the ideal counts the `cached` filled slots' KV, by hand, whatever the cache
+  size, and the cache (all of it) stays donated; a cache smaller than the fill is refused."""
+  wide = _write(tmp_path, dict(TINY, hidden_size=256, intermediate_size=512), "wide.json")
+  kw = dict(parts=("decode",), decode_batch=8, cached=128)
+  full = memory.run(wide, **kw)[0]
+  big = memory.run(wide, cache_slots=512, **kw)[0]
+  cfg = memory.model_config(wide)
+  weights = cfg.num_params() * 2
+  live_kv = 2 * cfg.num_layers * 8 * 128 * cfg.num_kv_heads * cfg.head_dim * 2
+  new_kv = live_kv // 128
+  logits = 8 * cfg.vocab_size * 4
+  assert big["ideal_bytes"] == full["ideal_bytes"] == weights + live_kv + new_kv + logits
+  assert big["cache_slots"] == 512 and full["cache_slots"] == 128 and big["tokens"] == 128
+  assert big["alias_bytes"] >= 4 * live_kv, big                 # the 512-slot cache in place
+  with pytest.raises(memory.ShapeError, match="--cache-slots 64 is below --cached 128"):
+    memory.run(wide, cache_slots=64, **kw)

@@ -150,3 +150,124 @@ def test_decode_step_and_greedy_sampling_equal_with_either_attention():
   gen = [sampler.generate_with_params(c, params, prompts, max_new_tokens=6, temperature=0.0,
                                       eos_ids=(), rng=0) for c in (cfg_x, cfg_p)]
   assert np.array_equal(np.asarray(gen[0].tokens), np.asarray(gen[1].tokens))
+
+
+# --------------------------------------------------------------------------- bounded reads
+def _filled(b, s, kh, g, d, dtype, filled, seed=2):
+  """Inputs whose slots [filled, S) are free: zero K/V, masked (the sampler's layout)."""
+  q, ck, cv, mask, _ = _inputs(b, s, kh, g, d, dtype, seed=seed)
+  mask = mask.copy()
+  mask[:, filled:] = False
+  ck, cv = ck.at[:, filled:].set(0), cv.at[:, filled:].set(0)
+  return q, ck, cv, mask, jnp.asarray(np.where(mask, 0.0, NEG), jnp.float32)
+
+
+def test_read_buckets_are_few_block_multiples_ending_at_the_cache():
+  assert cache_attention.read_buckets(300, most=1) == (300,)      # MAX_BUCKETS' default: off
+  assert cache_attention.read_buckets(100) == (100,)
+  assert cache_attention.read_buckets(300) == (128, 256, 300)
+  assert cache_attention.read_buckets(640) == (128, 256, 384, 512, 640)
+  big = cache_attention.read_buckets(4096 + 40)
+  assert len(big) <= 8 and big[-1] == 4136
+  assert all(n % 128 == 0 for n in big[:-1]) and big[0] == 640
+
+
+@pytest.mark.parametrize("filled", [1, 5, 127, 128, 129, 200, 256, 299, 300])
+def test_xla_read_up_to_the_filled_length_equals_the_full_cache(filled):
+  """The bucketed prefix read against the whole cache's (float32: within a few ulp, XLA's sum
+  order depends on the reduced length) and against the float64 reference; one switch. Rows
+  with a slot only: one with none (never in the sampler, whose rows hold their prompt) averages
+  the values it reads, so over fewer slots."""
+  q, ck, cv, mask, bias = _filled(4, 300, 2, 3, 16, jnp.float32, filled)
+  scale = 0.25
+  f = jax.jit(lambda q, k, v, b, n: cache_attention.attend(q, k, v, b, scale, "xla", length=n,
+                                                          buckets=8))
+  full = np.asarray(cache_attention.attend(q, ck, cv, bias, scale, "xla"))
+  part = np.asarray(f(q, ck, cv, bias, jnp.int32(filled)))
+  live = mask.any(axis=1)
+  assert live.sum() >= 2
+  np.testing.assert_allclose(part[live], full[live], rtol=2e-6, atol=1e-7)
+  np.testing.assert_allclose(part[live], _reference(q, ck, cv, mask, scale)[live], atol=2e-6,
+                             rtol=1e-5)
+  hlo = f.lower(q, ck, cv, bias, jnp.int32(filled)).as_text()
+  assert hlo.count("stablehlo.case") == 1
+
+
+def test_xla_bounded_read_in_bfloat16_within_rounding():
+  q, ck, cv, mask, bias = _filled(3, 300, 2, 7, 32, jnp.bfloat16, 140, seed=4)
+  full = cache_attention.attend(q, ck, cv, bias, 0.2, "xla")
+  part = cache_attention.attend(q, ck, cv, bias, 0.2, "xla", length=jnp.int32(140), buckets=8)
+  assert part.dtype == jnp.bfloat16
+  np.testing.assert_allclose(np.asarray(part, np.float32), np.asarray(full, np.float32),
+                             atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("filled,splits", [(1, 1), (37, 1), (48, 1), (70, 1), (37, 3), (70, 4),
+                                           (100, None)])
+def test_pallas_reads_blocks_up_to_the_filled_length(filled, splits):
+  """The kernel stopped at ceil(filled / block) blocks: in one pass bit for bit the full
+  pass's output (the skipped blocks add exact zeros), split into ranges within rounding."""
+  q, ck, cv, mask, bias = _filled(4, 100, 2, 7, 16, jnp.float32, filled)
+  kw = dict(block=16, splits=splits)
+  full = np.asarray(cache_attention.attend(q, ck, cv, bias, 0.25, "pallas", **kw))
+  part = np.asarray(cache_attention.attend(q, ck, cv, bias, 0.25, "pallas",
+                                           length=jnp.int32(filled), **kw))
+  live = mask.any(axis=1)           # a row with no slot: see the 'xla' test above
+  if splits == 1:
+    assert np.array_equal(part[live], full[live])
+  np.testing.assert_allclose(part[live], full[live], rtol=2e-6, atol=1e-7)
+
+
+def test_read_slots_cuts_the_read_at_trace_time():
+  q, ck, cv, mask, bias = _filled(3, 300, 2, 2, 16, jnp.float32, 160)
+  full = np.asarray(cache_attention.attend(q, ck, cv, bias, 0.3, "xla"))
+  cut = np.asarray(cache_attention.attend(q, ck, cv, bias, 0.3, "xla", read_slots=160,
+                                          buckets=8))
+  np.testing.assert_allclose(cut, full, rtol=2e-6, atol=1e-7)
+  with pytest.raises(ValueError, match="read_slots 301 outside"):
+    cache_attention.attend(q, ck, cv, bias, 0.3, "xla", read_slots=301)
+
+
+def test_greedy_tokens_unchanged_by_the_bounded_read(monkeypatch):
+  """A cache of 136 slots (2 read buckets with MAX_BUCKETS 8): greedy continuations and the
+  logits of every step as with the whole cache read (the default, MAX_BUCKETS 1)."""
+  cfg = _tiny("xla")
+  params = init_params(DecoderLM(cfg), jax.random.PRNGKey(5))
+  rng = np.random.default_rng(5)
+  prompts = [list(map(int, rng.integers(3, 97, n))) for n in (3, 16, 9)]
+  run = lambda: sampler.generate_with_params(cfg, params, prompts, max_new_tokens=120,
+                                             temperature=0.0, eos_ids=(), rng=0)
+  assert cache_attention.MAX_BUCKETS == 1
+  full = run()
+  monkeypatch.setattr(cache_attention, "MAX_BUCKETS", 8)
+  jax.clear_caches()
+  assert cache_attention.read_buckets(136) == (128, 136)
+  bounded = run()
+  jax.clear_caches()
+  assert np.array_equal(bounded.tokens, full.tokens)
+  np.testing.assert_allclose(bounded.model_logprobs, full.model_logprobs, atol=1e-5)
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+def test_pallas_skips_rows_not_live(splits):
+  """Rows not live get zeros without a block read; the live rows are unchanged."""
+  q, ck, cv, mask, bias = _filled(4, 100, 2, 7, 16, jnp.float32, 70)
+  live = jnp.asarray([True, False, True, False])
+  kw = dict(block=16, splits=splits, length=jnp.int32(70))
+  every = np.asarray(cache_attention.attend(q, ck, cv, bias, 0.25, "pallas", **kw))
+  some = np.asarray(cache_attention.attend(q, ck, cv, bias, 0.25, "pallas", live=live, **kw))
+  assert np.array_equal(some[[0, 2]], every[[0, 2]]) and not some[[1, 3]].any()
+
+
+def test_sampler_greedy_tokens_with_the_kernel_skipping_finished_rows():
+  """Rows that end early (EOS, short per-row limits): the kernel path, which skips their cache
+  once finished, gives the XLA path's greedy tokens."""
+  cfg_x, cfg_p = _tiny("xla"), _tiny("pallas")
+  params = init_params(DecoderLM(cfg_x), jax.random.PRNGKey(4))
+  rng = np.random.default_rng(4)
+  prompts = [list(map(int, rng.integers(3, 97, n))) for n in (3, 6, 5, 2)]
+  gen = [sampler.generate_with_params(c, params, prompts, max_new_tokens=10, temperature=0.0,
+                                      eos_ids=(), max_new_tokens_per_row=[2, 10, 5, 1], rng=0)
+         for c in (cfg_x, cfg_p)]
+  assert np.array_equal(gen[0].tokens, gen[1].tokens)
+  assert gen[0].lengths.tolist() == [2, 10, 5, 1]

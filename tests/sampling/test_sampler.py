@@ -9,6 +9,7 @@ from transformers.generation.logits_process import (TemperatureLogitsWarper, Top
                                                      TopPLogitsWarper)
 
 from rlrag_jax.models import init_cache
+from rlrag_jax.sampling import sampler
 from rlrag_jax.sampling import (SamplingMode, bucket_length, decode, generate,
                                 generate_with_params, left_pad, prefill, sample_logits)
 
@@ -303,3 +304,88 @@ def test_draw_frequencies_match_the_warped_distribution(vocab, top_k, top_p):
   assert freq[pz == 0].sum() == 0, "drew a token outside the warped support"
   np.testing.assert_allclose(freq, pz, atol=0.012)
   np.testing.assert_allclose(np.asarray(lp).reshape(-1), np.log(pz[tok]), atol=1e-5)
+
+
+# --------------------------------------------------------------------------- top-p, no top-k
+def _nucleus_reference(z, top_p):
+  """numpy, float64: keep z >= the logit of the first token (sorted descending) at which the
+  mass so far reaches top_p (the mass ahead of each kept token < top_p; ties kept together)."""
+  z = np.asarray(z, np.float64)
+  e = np.exp(z - z.max())
+  order = np.argsort(-z, kind="stable")
+  cum = np.cumsum(e[order])
+  i = int(np.argmax(cum >= top_p * e.sum()))
+  return z >= z[order[i]]
+
+
+def _top_p_for(z, n):
+  """A top_p whose nucleus ends at sorted position n, half a token's mass from either edge."""
+  z = np.asarray(z, np.float64)
+  e = np.sort(np.exp(z - z.max()))[::-1]
+  cum = np.cumsum(e)
+  return float((cum[n - 1] + 0.5 * e[n]) / cum[-1])
+
+
+def _rows():
+  """Logit rows whose nucleus lies within the 256 candidates or not, with and without ties."""
+  rng = np.random.default_rng(7)
+  v = 5000
+  peaked = rng.normal(0, 4, v)
+  flat = rng.normal(0, 0.1, v)
+  integer = np.round(rng.normal(0, 2, v))              # ties everywhere, also at the 256th
+  hot = np.full(v, -10.0)
+  hot[rng.choice(v, 60, replace=False)] = rng.choice([3.0, 2.0, 1.0], 60)   # tied candidates
+  rows = [(peaked, 1), (peaked, 10), (peaked, 120), (flat, 3000), (integer, 40),
+          (integer, 2000), (hot, 5), (hot, 30), (hot, 59)]
+  return [(r.astype(np.float32), _top_p_for(r.astype(np.float32), n)) for r, n in rows]
+
+
+def test_top_p_keeps_exactly_the_nucleus_of_a_numpy_reference():
+  """Row by row and as one batch (some rows' nucleus within the candidates, some not: the
+  batch falls back for those only), the kept set equals the reference's, ties included."""
+  rows = _rows()
+  mask = jax.jit(sampler._nucleus_mask)
+  for z, p in rows:
+    zj = jnp.asarray(z)[None]
+    keep = np.asarray(mask(zj, jnp.exp(zj - zj.max()), jnp.float32(p)))[0]
+    assert np.array_equal(keep, _nucleus_reference(z, p)), (p, keep.sum())
+  zs = jnp.asarray(np.stack([z for z, _ in rows]))
+  ps = jnp.asarray([[p] for _, p in rows], jnp.float32)
+  keep = np.asarray(mask(zs, jnp.exp(zs - zs.max(-1, keepdims=True)), ps))
+  want = np.stack([_nucleus_reference(z, p) for z, p in rows])
+  assert np.array_equal(keep, want)
+
+
+def test_top_p_candidates_decide_small_nuclei_and_defer_the_rest():
+  """The one-pass candidate threshold is found (and is the bisection's) where the nucleus lies
+  above the 256th largest logit, deferred where it reaches past it or ties with it."""
+  rows = _rows()
+  zs = jnp.asarray(np.stack([z for z, _ in rows]))
+  m = zs.max(-1, keepdims=True)
+  e = jnp.exp(zs - m)
+  target = jnp.asarray([[p] for _, p in rows], jnp.float32) * e.sum(-1, keepdims=True)
+  thr, found = sampler._nucleus_candidates(zs, target, m)
+  bis = sampler._nucleus_bisect(zs, e, target)
+  found = np.asarray(found)
+  assert found.tolist() == [True, True, True, False, True, False, True, True, True]
+  assert np.array_equal(np.asarray(thr)[found], np.asarray(bis)[found])
+  small = jnp.asarray(rows[-1][0][:200])[None]     # vocab <= 256: every logit a candidate
+  tgt = 0.5 * jnp.exp(small - small.max()).sum(-1, keepdims=True)
+  assert bool(sampler._nucleus_candidates(small, tgt, small.max(-1, keepdims=True))[1][0])
+
+
+def test_top_p_draws_stay_in_the_nucleus_with_its_renormalised_logprobs():
+  """sample_logits with top_p alone: every draw in the reference nucleus, its log-prob the
+  nucleus-renormalised one (a peaked row decided by the candidates, a flat one by the
+  bisection)."""
+  rows = _rows()
+  mode = SamplingMode(False, 0, True)
+  for z, p in (rows[1], rows[3], rows[7]):
+    keep = _nucleus_reference(z, p)
+    zz = z.astype(np.float64)
+    lp_ref = zz - zz.max() - np.log(np.exp(zz[keep] - zz.max()).sum())
+    batch = jnp.broadcast_to(jnp.asarray(z), (64, z.size))
+    tok, lp, _ = sample_logits(batch, jax.random.PRNGKey(1), 1.0, p, mode=mode)
+    tok = np.asarray(tok)
+    assert keep[tok].all()
+    np.testing.assert_allclose(np.asarray(lp), lp_ref[tok], atol=2e-5)
