@@ -18,8 +18,8 @@ from rlrag_jax import judge as judge_lib
 class Episode:
   """One finished rollout of one example: what the policy produced and what the env added.
 
-  The fields after `info` are the ones the engine reads beyond the tokens; `info` is the
-  method's own (turns, queries, retrieved ids, roles, ...) and the engine reads none of it,
+  The fields after `info` (but `group`, the method's own) are the ones the engine reads
+  beyond the tokens; `info` is the method's own (turns, queries, retrieved ids, roles, ...) and the engine reads none of it,
   except the key that `rl.ppo.whiten_by` names.
   """
   example: Any
@@ -28,10 +28,9 @@ class Episode:
   loss_mask: list               # 1 where the policy wrote the token
   text: str                     # decoded completion
   info: dict = dataclasses.field(default_factory=dict)   # the method's: turns, queries, ...
-  # Who is compared with whom by the group-relative advantages: episodes with equal `group`
-  # form one group, of any size (a tree decision's siblings). Either all of a step's episodes
-  # carry one or none does; None: the rollout's consecutive `rl.group_size` samples form a
-  # group.
+  # The method's own name for the episode's group (a tree decision's parent node): the engine
+  # does not read it. What the group-relative advantages compare is the `Group` that `collect`
+  # returned the episode in; the engine numbers those groups itself (`training.batch`).
   group: Optional[Hashable] = None
   # One reward per completion token (PPO's GAE uses them instead of the outcome reward on the
   # last policy token); None: the outcome reward.
@@ -40,15 +39,9 @@ class Episode:
   # tree (`rollout.tree.Decision.base`): the value of every token with
   # rl.ppo.critic='tree_mc', which refuses an episode without one.
   baseline: Optional[float] = None
-  # A padding copy (`silenced`): its loss mask is all zero, it only keeps a batch's shape.
+  # A padding copy (`training.batch.silence`): its loss mask is all zero, it only keeps a
+  # batch's shape.
   padding: bool = False
-
-  def silenced(self) -> Episode:
-    """A padding copy of this episode: the same tokens, the loss mask all zero and
-    `padding` set, so that a batch keeps its size and the copy adds nothing to the loss
-    (dynamic sampling's flat groups, a task padding its episode count)."""
-    return dataclasses.replace(self, loss_mask=[0] * len(self.loss_mask), info=dict(self.info),
-                               padding=True)
 
 
 @dataclasses.dataclass
@@ -56,13 +49,9 @@ class Group:
   """Episodes that the group-relative advantages compare with each other, with their reward
   dicts (one per episode, in order): a prompt's `rl.group_size` samples, or a tree decision's
   sibling branches (any size). The unit of `Task.collect`, of dynamic sampling (a group whose
-  rewards do not vary is dropped) and of padding (`silenced`)."""
+  rewards do not vary is dropped) and of padding (`training.batch`: whole silenced groups)."""
   episodes: list
   scores: list
-
-  def silenced(self) -> Group:
-    """The group's padding copy: every episode `Episode.silenced`, the reward dicts as drawn."""
-    return Group([e.silenced() for e in self.episodes], [dict(s) for s in self.scores])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,7 +148,7 @@ class Task(abc.ABC):
 
     By default `group_size` `rollout` samples per example, scored by `rewards`, one Group per
     example. Override for rollouts that are not one stream per example: a tree of decisions
-    (groups of sibling branches, any size, `Episode.group` naming them), a forest that draws
+    (a Group per decision's sibling branches, any size), a forest that draws
     its own questions (`examples` unused); episodes may also set `Episode.token_rewards`
     (PPO) and `Episode.baseline` (rl.ppo.critic='tree_mc')."""
     eps = list(self.rollout(policy, examples, rng, group_size=group_size))

@@ -30,3 +30,12 @@ class StubTask(Task):
 
   def eval_metrics(self, episode):
     self._missing("eval_metrics")
+
+
+def batch_of(episodes, scores, group_size):
+  """The `training.batch.Batch` of a group-major rollout (`group_size` consecutive episodes
+  per example, as `Task.collect`'s default groups them), for tests that call a learner."""
+  from rlrag_jax.tasks import Group
+  from rlrag_jax.training.batch import from_groups
+  return from_groups([Group(list(episodes[i:i + group_size]), list(scores[i:i + group_size]))
+                      for i in range(0, len(episodes), group_size)])

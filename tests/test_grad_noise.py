@@ -9,7 +9,7 @@ from rlrag_jax import trainer
 from rlrag_jax.experiments import grad_noise
 from rlrag_jax.models import DecoderLM
 from rlrag_jax.rollout.policy import checkpoint_policy
-from stub_task import StubTask
+from stub_task import StubTask, batch_of
 from test_train import tiny_config
 
 
@@ -88,7 +88,7 @@ def test_rl_gradient_is_the_group_relative_policy_gradient(tiny_run):
   # Rewards that differ within each group (the tiny model's own rewards may all be equal).
   totals = [1.0, 0.0, 0.5, 2.0, 0.0, 0.0, 1.0, 3.0]
   scores = [{"total": t} for t in totals]
-  got = _flat(probe.rl_gradient(episodes, scores, jax.random.PRNGKey(0)))
+  got = _flat(probe.rl_gradient(batch_of(episodes, scores, 4), jax.random.PRNGKey(0)))
 
   r = np.array(totals).reshape(2, 4)
   adv = ((r - r.mean(1, keepdims=True)) / (r.std(1, ddof=1, keepdims=True) + 1e-4)).ravel()
@@ -156,10 +156,10 @@ def test_ppo_measures_the_policy_gradient_with_a_fresh_critic(tiny_run):
   probe = grad_noise.Probe(config, lm, task.tokenizer.pad_token_id or 0, with_sft=False)
   policy = checkpoint_policy(lm, task.tokenizer, config.rl.max_new_tokens)
   episodes = task.rollout(policy, list(task.train)[:2], jax.random.PRNGKey(3), group_size=4)
-  a = probe.rl_gradient(episodes, [{"total": t} for t in (1.0, 0, 0, 2, 0, 0, 1, 3)],
-                        jax.random.PRNGKey(0))
-  b = probe.rl_gradient(episodes, [{"total": t} for t in (0, 1.0, 0, 0, 3, 0, 0, 0)],
-                        jax.random.PRNGKey(0))
+  a = probe.rl_gradient(batch_of(episodes, [{"total": t} for t in (1.0, 0, 0, 2, 0, 0, 1, 3)],
+                                 4), jax.random.PRNGKey(0))
+  b = probe.rl_gradient(batch_of(episodes, [{"total": t} for t in (0, 1.0, 0, 0, 3, 0, 0, 0)],
+                                 4), jax.random.PRNGKey(0))
   assert jax.tree_util.tree_structure(a) == jax.tree_util.tree_structure(lm.params)
   fa, fb = _flat(a), _flat(b)
   assert np.all(np.isfinite(fa)) and np.linalg.norm(fa) > 0

@@ -77,8 +77,9 @@ def test_the_engine_runs_a_minimal_task_on_the_defaults():
   c = arena.get_config("")
   c.rl.group_size, c.rl.prompts_per_step = 2, 2
   # RL collection: the engine's own rollout path, rewards by the per-episode default.
-  eps, scores, fill = collection.collect(task, None, itertools.repeat(["a", "b"]),
-                                         jax.random.PRNGKey(0), c, 3)
+  batch, fill = collection.collect(task, None, itertools.repeat(["a", "b"]),
+                                   jax.random.PRNGKey(0), c, 3)
+  eps, scores = batch.episodes, batch.scores
   assert [e.text for e in eps] == ["a", "aa", "b", "bb"]
   assert [s["total"] for s in scores] == [4.0, 5.0, 4.0, 5.0]
   assert task.rollouts == [(["a", "b"], 2, False)] and fill["tries"] == 1.0

@@ -145,6 +145,20 @@ def test_judge_counts_are_logged_per_step_and_a_dead_judge_stops_the_run(tmp_pat
   assert CheckpointManager(work / "checkpoints", max_to_keep=None).latest_step() == 6
 
 
+def test_a_step_the_micro_batches_do_not_divide_pads_with_whole_groups_and_trains(tmp_path):
+  """Group size 3, 4 prompts, 8 micro-batches: the 12 episodes of a step pad to 16 with a
+  silenced group of 3 and one of 1 under fresh ids, and the RL steps train (the positional
+  advantages raised here before: 16 episodes do not split into groups of 3)."""
+  c = tiny_config(tmp_path / "run")
+  c.rl.group_size, c.rl.prompts_per_step, c.rl.micro_batches = 3, 4, 8
+  c.sft.steps, c.rl.steps, c.export_hf = 1, 2, False
+  trainer.run(c, progress=False)
+  rl_rows = [r for r in _rows(tmp_path / "run") if r["stage"] == "rl"]
+  assert [r["step"] for r in rl_rows] == [2, 3]
+  for r in rl_rows:
+    assert r["dynamic/padded_episodes"] == 4.0 and np.isfinite(r["loss"])
+
+
 def test_build_model_carries_the_attention_block_and_remat(tmp_path):
   from rlrag_jax.generate import byte_level_tokenizer
   c = tiny_config(tmp_path)
@@ -187,8 +201,8 @@ def test_dynamic_sampling_keeps_groups_by_the_configured_key():
                   [("C", 1.0, 1.0), ("C", 1.0, 0.0), ("D", 0.0, 0.0), ("D", 0.0, 0.0)]])
     task.rollout = lambda policy, exs, key, group_size, d=draws: next(d)
     config.rl.dynamic_sampling_key = key_name
-    eps, _, fill = collection.collect(task, None, rl_iter, jax.random.PRNGKey(0), config, 1)
-    assert [e[0] for e in eps] == want, key_name
+    batch, fill = collection.collect(task, None, rl_iter, jax.random.PRNGKey(0), config, 1)
+    assert [e[0] for e in batch.episodes] == want, key_name
   config.rl.dynamic_sampling_key = "accuracy"
   task.rollout = lambda policy, exs, key, group_size: [("A", 1.0, 0.0)] * 4
   with pytest.raises(ValueError, match="'rl.dynamic_sampling_key' is 'accuracy'"):

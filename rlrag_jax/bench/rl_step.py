@@ -181,7 +181,8 @@ def bench_ours(ckpt: pathlib.Path, prompts: list, shape: Shape, steps: int, warm
                       jax.random.fold_in(base_key, i), group_size=shape.group)
     t1 = time.perf_counter()
     rewards = np.array([toy_reward(e.text) for e in eps], np.float32)
-    adv = np.asarray(group_advantages(jnp.asarray(rewards), shape.group))
+    index = np.repeat(np.arange(len(rewards) // shape.group), shape.group)   # group ids
+    adv = np.asarray(group_advantages(jnp.asarray(rewards), jnp.asarray(index)))
     batch = pack([e.prompt_ids for e in eps], [e.completion_ids for e in eps],
                  [e.loss_mask for e in eps], pad_id=pad, bucket=config.rl.pack_bucket)
     batch["advantages"] = adv.astype(np.float32)

@@ -159,14 +159,14 @@ def _sft_rows(task, exs) -> tuple:
   return sft_rows(task, exs)
 
 
-def rl_gradient(learner, state, episodes, scores, key):
+def rl_gradient(learner, state, batch, key):
   """The raw policy-loss gradient of one RL batch, through the learner's own update (its
   advantages and packing) with a plain SGD(1) state: params - new params. A learner with a
   critic gets a fresh one (the first RL step's)."""
   import jax
   critic = (learner.init_critic(state.params, jax.random.fold_in(key, 1))
             if learner.has_critic else None)
-  new, _, _ = learner.update(_copy(state), critic, episodes, scores, None, key)
+  new, _, _ = learner.update(_copy(state), critic, batch, None, key)
   return _difference(state.params, new.params)
 
 
@@ -209,8 +209,8 @@ class Probe:
                                       head_backward=config.sft.head_backward)
                      if with_sft else None)
 
-  def rl_gradient(self, episodes, scores, key):
-    return rl_gradient(self.learner, self.state, episodes, scores, key)
+  def rl_gradient(self, batch, key):
+    return rl_gradient(self.learner, self.state, batch, key)
 
   def sft_gradient(self, prompts, targets, masks=None):
     """The gradient of the SFT loss (target tokens, token mean) on these rows."""
@@ -268,10 +268,11 @@ def measure(task, lm, config, examples: Sequence, *, batches: int, rng,
   it = range(batches)
   for _ in (tqdm(it, desc="batches", unit="batch") if progress else it):
     rng, sub, key = jax.random.split(rng, 3)
-    episodes, scores, _ = collection.collect(task, policy, rl_iter, sub, config, step)
+    batch, _ = collection.collect(task, policy, rl_iter, sub, config, step)
+    episodes, scores = batch.episodes, batch.scores
     rewards.append(float(np.mean([s["total"] for s in scores])))
     counts.append(len(episodes))
-    grad = probe.rl_gradient(episodes, scores, key)
+    grad = probe.rl_gradient(batch, key)
     rl_meter.add(grad)
     if group_by is not None:
       value = batch_group(scores, group_by)

@@ -2,8 +2,7 @@
 and the sharded jitted train steps. Algorithms are pure functions looked up by name:
 `kl(logp, ref_logp, 'k3')`, `ADVANTAGE_ESTIMATORS['grpo']`, `AGGREGATIONS['token_mean']`.
 """
-from rlrag_jax.rl.advantages import (ADVANTAGE_ESTIMATORS, gae, group_advantages, keyed_advantages,
-                                     masked_whiten,
+from rlrag_jax.rl.advantages import (ADVANTAGE_ESTIMATORS, gae, group_advantages, masked_whiten,
                                      rloo_advantages)
 from rlrag_jax.rl.dynamic_sampling import (FillResult, fill_groups, filter_zero_spread_groups,
                                            group_rewards, pad_groups)
@@ -20,7 +19,7 @@ from rlrag_jax.rl.train_step import (LossConfig, OptimizerConfig, TrainState, ab
                                      train_state_shardings)
 
 __all__ = [
-    "ADVANTAGE_ESTIMATORS", "gae", "group_advantages", "keyed_advantages", "masked_whiten", "rloo_advantages",
+    "ADVANTAGE_ESTIMATORS", "gae", "group_advantages", "masked_whiten", "rloo_advantages",
     "FillResult", "fill_groups", "filter_zero_spread_groups", "group_rewards", "pad_groups", "KL_ESTIMATORS",
     "kl",
     "completion_logprobs", "shift_logprobs", "token_entropy", "token_logprobs", "AGGREGATIONS",

@@ -1,8 +1,10 @@
 """Advantage estimators: group-relative (GRPO, Dr. GRPO, RLOO) and per-token GAE (PPO).
 
-Outcome estimators share one signature, `fn(rewards [N], group_size) -> advantages [N]`, where
-`rewards` is ordered by group (the G samples of prompt 0, then those of prompt 1, ...), and are
-looked up by name in ADVANTAGE_ESTIMATORS. GAE needs a critic and has its own signature.
+Outcome estimators share one signature, `fn(rewards [N], index [N]) -> advantages [N]`, where
+`index` names each reward's group (the engine's group ids, `training.batch.Batch.group_ids`;
+groups of any sizes, in any order), as verl's estimators take theirs: none reshapes by
+position. They are looked up by name in ADVANTAGE_ESTIMATORS. GAE needs a critic and has its
+own signature.
 """
 from __future__ import annotations
 
@@ -10,67 +12,63 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 Array = jax.Array
 
 
-def _grouped(rewards: Array, group_size: int, where: str) -> Array:
-  rewards = jnp.asarray(rewards, jnp.float32)
-  if rewards.ndim != 1:
-    raise ValueError(f"{where}: rewards must be [N], found shape {rewards.shape}")
-  if group_size < 1 or rewards.shape[0] % group_size:
-    raise ValueError(f"{where}: group_size={group_size} must be >= 1 and divide the number of "
-                     f"rewards N={rewards.shape[0]}")
-  return rewards.reshape(-1, group_size)                                     # [N/G, G]
+def _by_group(rewards, index, where: str) -> tuple:
+  """Rewards [N] laid out by group, as named by `index` [N] (any hashables: equal values form
+  one group, of any size, anywhere in the batch): (dense [K, W] float32, the group's rewards in
+  their batch order and 0 past its size; valid [K, W] bool; counts [K, 1] float32; slots [N],
+  where each reward sits in dense.reshape(-1)). Groups of one size in consecutive runs give
+  exactly rewards.reshape(K, G), so per-group sums are those of a reshape."""
+  r = jnp.asarray(rewards, jnp.float32)
+  index = np.asarray(index)
+  if r.ndim != 1 or index.shape != r.shape:
+    raise ValueError(f"{where}: rewards {r.shape} and index {index.shape} must both be [N]")
+  n = r.shape[0]
+  if n == 0:
+    raise ValueError(f"{where}: no rewards")
+  _, first, ids = np.unique(index, return_index=True, return_inverse=True)
+  ids = np.argsort(np.argsort(first, kind="stable"), kind="stable")[ids.reshape(-1)]  # by first
+  order = np.argsort(ids, kind="stable")                     # group-major, batch order within
+  counts = np.bincount(ids)
+  col = np.arange(n) - np.repeat(np.cumsum(counts) - counts, counts)
+  k, w = counts.size, int(counts.max())
+  take = np.full((k, w), n, np.int64)                        # n: the appended 0
+  take[ids[order], col] = order
+  slots = np.empty(n, np.int64)
+  slots[order] = ids[order] * w + col
+  dense = jnp.concatenate([r, jnp.zeros(1, jnp.float32)])[take]
+  return (dense, jnp.asarray(take < n), jnp.asarray(counts[:, None], jnp.float32),
+          jnp.asarray(slots))
 
 
-def group_advantages(rewards: Array, group_size: int, scale_std: bool = True,
-                     eps: float = 1e-4) -> Array:
-  """GRPO advantages: (r - mean_g) / (std_g + eps), or r - mean_g when not `scale_std`.
+def group_advantages(rewards: Array, index, scale_std: bool = True, eps: float = 1e-4) -> Array:
+  """GRPO advantages: (r - mean_g) / (std_g + eps), or r - mean_g when not `scale_std`, over
+  the groups `index` [N] names (verl's `index`: a group id per reward; any sizes).
 
   std_g is the sample standard deviation (ddof=1, as torch.std in TRL); a group of one sample
   has advantage 0. Returns [N] float32.
   """
-  r = _grouped(rewards, group_size, "rl.group_advantages")
-  centred = r - jnp.mean(r, axis=1, keepdims=True)
+  r, valid, count, slots = _by_group(rewards, index, "rl.group_advantages")   # [K, W]
+  # Means and variances multiply by the reciprocal of the count: what XLA makes of a division
+  # by a constant group size, so equal groups give the float32 results of a fixed-size reshape.
+  centred = jnp.where(valid, r - jnp.sum(r, axis=1, keepdims=True) * (1.0 / count), 0.0)
   if scale_std:
-    if group_size > 1:
-      std = jnp.sqrt(jnp.sum(centred * centred, axis=1, keepdims=True) / (group_size - 1))
-    else:
-      std = jnp.zeros_like(centred)
+    ss = jnp.sum(centred * centred, axis=1, keepdims=True)
+    std = jnp.where(count > 1, jnp.sqrt(ss * (1.0 / jnp.maximum(count - 1, 1))), 0.0)
     centred = centred / (std + eps)
-  return centred.reshape(-1)
+  return centred.reshape(-1)[slots]
 
 
-def rloo_advantages(rewards: Array, group_size: int) -> Array:
-  """REINFORCE leave-one-out: r_i - mean_{j != i} r_j (0 for a group of one). Returns [N]."""
-  r = _grouped(rewards, group_size, "rl.rloo_advantages")
-  if group_size == 1:
-    return jnp.zeros(r.size, jnp.float32)
-  others = (jnp.sum(r, axis=1, keepdims=True) - r) / (group_size - 1)
-  return (r - others).reshape(-1)
-
-
-def keyed_advantages(rewards: Array, keys, scale_std: bool = True, eps: float = 1e-4) -> Array:
-  """Group-relative advantages for groups of any sizes, named by `keys` [N] (e.g. the parent
-  node of tree decisions): (r - mean_k) / (std_k + eps) with the sample std (ddof=1), or
-  r - mean_k without `scale_std`. A group of one has advantage 0. Returns [N] float32."""
-  import numpy as np
-  r = jnp.asarray(rewards, jnp.float32)
-  keys = np.asarray(keys)
-  if r.ndim != 1 or keys.shape != r.shape:
-    raise ValueError(f"rl.keyed_advantages: rewards {r.shape} and keys {keys.shape} must be [N]")
-  _, idx = np.unique(keys, return_inverse=True)
-  idx = jnp.asarray(idx.reshape(-1))
-  k = int(idx.max()) + 1 if r.size else 0
-  count = jax.ops.segment_sum(jnp.ones_like(r), idx, k)
-  mean = jax.ops.segment_sum(r, idx, k) / count
-  centred = r - mean[idx]
-  if not scale_std:
-    return centred
-  ss = jax.ops.segment_sum(centred * centred, idx, k)
-  std = jnp.where(count > 1, jnp.sqrt(ss / jnp.maximum(count - 1, 1)), 0.0)
-  return centred / (std[idx] + eps)
+def rloo_advantages(rewards: Array, index) -> Array:
+  """REINFORCE leave-one-out: r_i - mean_{j != i} r_j over the groups `index` [N] names (0 for
+  a group of one). Returns [N] float32."""
+  r, valid, count, slots = _by_group(rewards, index, "rl.rloo_advantages")   # [K, W]
+  others = (jnp.sum(r, axis=1, keepdims=True) - r) * (1.0 / jnp.maximum(count - 1, 1))
+  return jnp.where(valid & (count > 1), r - others, 0.0).reshape(-1)[slots]
 
 
 ADVANTAGE_ESTIMATORS = {

@@ -1,7 +1,7 @@
 """DAPO dynamic sampling: drop groups whose rewards are all equal (zero advantage, no signal) and
 keep drawing prompts until a batch of informative groups is full; when tries run out, pad the
-batch back to its size with silenced dropped groups (`pad_groups`). Host-side numpy; the sizes
-vary from draw to draw, so none of this is jitted.
+batch back to its size with dropped groups (`pad_groups`), which the engine silences.
+Host-side numpy; the sizes vary from draw to draw, so none of this is jitted.
 """
 from __future__ import annotations
 
@@ -106,10 +106,10 @@ def fill_groups(sample_fn: Callable[[int], tuple], target_groups: int, max_tries
 
 
 def pad_groups(kept: list, dropped: list, target_groups: int) -> tuple:
-  """(groups, padded): the first `target_groups` of `kept`, then, while fewer, the padding
-  copies (`.silenced()`: an `Episode`'s loss mask zeroed, a `tasks.Group`'s every episode) of
-  the first `dropped` groups, so the update's shapes stay fixed and the padding adds nothing
-  to the loss; `padded` counts them. The engine's dynamic sampling pads with it."""
+  """(groups, fill): the first `target_groups` of `kept`, and, while they are fewer, the
+  first `dropped` groups to pad the batch back to `target_groups` with. The caller silences
+  the fill (the engine: `training.batch.from_groups(groups, silenced=fill)`: loss masks
+  zeroed, advantage 0, ids of their own), so the update's shapes stay fixed and the padding
+  adds nothing to the loss."""
   out = list(kept[:target_groups])
-  fill = list(dropped[:target_groups - len(out)])
-  return out + [g.silenced() for g in fill], len(fill)
+  return out, list(dropped[:target_groups - len(out)])

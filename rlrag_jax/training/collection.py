@@ -7,16 +7,19 @@ that override it). What happens to them next is the engine's alone, the same for
       DAPO: groups whose `rl.dynamic_sampling_key` reward does not vary are dropped and fresh
       ones drawn (`rl.dynamic_max_tries` draws at most). When tries run out, the batch is
       padded back to `rl.prompts_per_step` groups with dropped groups silenced
-      (`Group.silenced`: loss masks zeroed, `padding` set), so the update's shapes never change
-      and the padding adds nothing to the loss. When no group at all was kept, the last draw is
-      trained on as drawn (its advantages come from the total reward, which may vary where the
-      sampling key did not).
+      (`batch_lib.silence_group`: loss masks zeroed, `padding` set, advantage 0), so the update's
+      shapes never change and the padding adds nothing to the loss. When no group at all was
+      kept, the last draw is trained on as drawn (its advantages come from the total reward,
+      which may vary where the sampling key did not).
   otherwise
       one draw, trained on as drawn.
-A step's nominal batch is `rl.prompts_per_step` x `rl.group_size` episodes. A collection with
-another count (a tree's decisions vary from step to step), or one the update cannot split into
-its mini- and micro-batches, is padded with silenced copies of its first episodes up to
-`batch_size`'s bucket, so that the update compiles a bounded set of shapes.
+The groups become a `batch_lib.Batch`: one engine-assigned group id per group, in order, which
+is all the learners group by. A step's nominal batch is `rl.prompts_per_step` x `rl.group_size`
+episodes. One the update cannot split into its mini- and micro-batches is padded to the
+smallest multiple of `rl.batching.episode_unit` (`batch_lib.padded_size`); a collection of another
+count (a tree's decisions vary from step to step) to `batch_size`'s bucket, so that the update
+compiles a bounded set of shapes. Padding is whole silenced groups under fresh ids
+(`batch_lib.pad`), which touch no real group's statistics.
 """
 from __future__ import annotations
 
@@ -24,6 +27,7 @@ import jax
 
 from rlrag_jax.rl import batching, dynamic_sampling
 from rlrag_jax.rollout.batch import geometric_round
+from rlrag_jax.training import batch as batch_lib
 
 
 def batch_size(n: int, rl) -> int:
@@ -43,7 +47,7 @@ def _check(task, groups) -> list:
 
 
 def collect(task, policy, rl_iter, key, config, step) -> tuple:
-  """(episodes, reward dicts, counters) for RL step `step` (1: the first RL step)."""
+  """(batch_lib.Batch, counters) for RL step `step` (1: the first RL step)."""
   rl = config.rl
   g, want = int(rl.group_size), int(rl.prompts_per_step)
   tries = 0
@@ -58,21 +62,18 @@ def collect(task, policy, rl_iter, key, config, step) -> tuple:
     return groups
 
   if not rl.dynamic_sampling:
-    groups = draw(want)
+    batch = batch_lib.from_groups(draw(want))
     counters = {"tries": 1.0, "dropped_groups": 0.0}
   else:
-    groups, counters = _fill(task, draw, drawn, want, rl, config.method)
-  episodes = [e for grp in groups for e in grp.episodes]
-  scores = [s for grp in groups for s in grp.scores]
-  if not episodes:
+    batch, counters = _fill(task, draw, drawn, want, rl, config.method)
+  n = len(batch)
+  if not n:
     raise ValueError(f"{type(task).__name__}.collect returned no episodes")
-  n = len(episodes)
-  nominal = n == want * g and n % batching.episode_unit(rl) == 0
-  size = n if nominal else batch_size(n, rl)
-  episodes += [episodes[k % n].silenced() for k in range(size - n)]
-  scores += [dict(scores[k % n]) for k in range(size - n)]
+  unit = batching.episode_unit(rl)
+  size = batch_lib.padded_size(n, unit) if n == want * g else batch_size(n, rl)
+  batch = batch_lib.pad(batch, size, g)
   counters["padded_episodes"] = float(size - n)
-  return episodes, scores, counters
+  return batch, counters
 
 
 def _fill(task, draw, drawn, want, rl, method) -> tuple:
@@ -87,13 +88,13 @@ def _fill(task, draw, drawn, want, rl, method) -> tuple:
     return groups, [[s[key_name] for s in grp.scores] for grp in groups]
 
   res = dynamic_sampling.fill_groups(sample_fn, want, int(rl.dynamic_max_tries))
-  kept = list(res.groups)
-  padded = 0
+  kept, fill = list(res.groups), []
   if not kept:       # every group flat: train on the last draw as drawn (a full batch)
     kept = drawn[-want:]
   elif len(kept) < want:
     kept_ids = {id(grp) for grp in kept}
-    kept, padded = dynamic_sampling.pad_groups(
+    kept, fill = dynamic_sampling.pad_groups(
         kept, [grp for grp in drawn if id(grp) not in kept_ids], want)
-  return kept, {"tries": float(res.tries), "dropped_groups": float(res.discarded),
-                "padded_groups": float(padded)}
+  return batch_lib.from_groups(kept, silenced=fill), {
+      "tries": float(res.tries), "dropped_groups": float(res.discarded),
+      "padded_groups": float(len(fill))}

@@ -1,8 +1,10 @@
-"""RL learners: one step's episodes and rewards -> policy (and critic) updates.
+"""RL learners: one step's batch (`training.batch.Batch`: episodes, rewards, group ids) ->
+policy (and critic) updates.
 
 `rl.algo` picks the learner:
-  'grpo' | 'dr_grpo' | 'rloo'   OutcomeLearner: one scalar reward per episode; advantages from its
-                                group by the estimator of that name in
+  'grpo' | 'dr_grpo' | 'rloo'   OutcomeLearner: one scalar reward per episode; advantages within
+                                its group (the batch's group ids, never positions; 0 on silenced
+                                episodes) by the estimator of that name in
                                 `rl.ADVANTAGE_ESTIMATORS` ('grpo' honours rl.scale_std and
                                 rl.adv_eps). DAPO is 'grpo' with DAPO's loss settings
                                 (asymmetric clip, token-level aggregation, dynamic sampling).
@@ -128,26 +130,22 @@ class OutcomeLearner:
     algo = self.algo = check_algo(config.rl)
     kl_form(config.rl)          # 'reward' is PPO's: refused here
     if algo == "grpo":
-      self.estimate = lambda r, g: adv_lib.group_advantages(
-          r, g, scale_std=self.rl.scale_std, eps=self.rl.adv_eps)
+      self.estimate = lambda r, index: adv_lib.group_advantages(
+          r, index, scale_std=bool(self.rl.scale_std), eps=self.rl.adv_eps)
     else:
       self.estimate = adv_lib.ADVANTAGE_ESTIMATORS[algo]
 
   def init_critic(self, policy_params, key):
     return None
 
-  def update(self, state, critic, episodes, scores, ref_params, key) -> tuple:
+  def update(self, state, critic, batch, ref_params, key) -> tuple:
+    """One RL step on `batch` (`training.batch.Batch`): advantages of the total rewards within
+    the batch's groups (its group ids), 0 on silenced episodes. Returns (state, critic,
+    metrics)."""
     rl = self.rl
-    totals = np.array([s["total"] for s in scores], np.float32)
-    keys = _group_keys(episodes)
-    if keys is None:
-      adv = np.asarray(self.estimate(jnp.asarray(totals), rl.group_size))
-    elif self.algo == "rloo":
-      raise ValueError("config key 'rl.algo' is 'rloo', which needs equal groups, but the task's "
-                       "episodes carry their own groups (Episode.group); use 'grpo'")
-    else:
-      adv = np.asarray(adv_lib.keyed_advantages(
-          totals, keys, scale_std=self.algo == "grpo" and bool(rl.scale_std), eps=rl.adv_eps))
+    episodes = batch.episodes
+    adv = np.asarray(self.estimate(batch.totals(), batch.group_ids))
+    adv = np.where(batch.live, adv, np.float32(0.0))
     if token_budget(rl):
       state, m = self._update_by_budget(state, episodes, adv.astype(np.float32), ref_params)
       return state, critic, m
@@ -387,12 +385,14 @@ class PPOLearner:
     return self.vf.abstract()
 
   # ---- one RL step
-  def update(self, state, critic, episodes, scores, ref_params, key) -> tuple:
-    """One RL step: advantages from the critic's values, then rl.mu epochs of mini-batch
+  def update(self, state, critic, batch, ref_params, key) -> tuple:
+    """One RL step on `batch` (`training.batch.Batch`): advantages from the critic's values
+    (0 on silenced episodes, whose loss mask is zero), then rl.mu epochs of mini-batch
     updates of the policy and the critic. Returns (state, critic, metrics)."""
     rl = self.rl
     critic = self.vf.for_step(critic, state.params)
-    totals = np.array([s["total"] for s in scores], np.float32)
+    episodes = batch.episodes
+    totals = batch.totals()
     host = pack([e.prompt_ids for e in episodes], [e.completion_ids for e in episodes],
                 [e.loss_mask for e in episodes], pad_id=self.pad, bucket=rl.pack_bucket)
     start = logits_start(host["loss_mask"], rl.pack_bucket)
@@ -559,18 +559,6 @@ def _labels(episodes, key: str) -> list:
 def _rows(labels, lab) -> np.ndarray:
   """[B, 1] float mask of the episodes whose label is `lab`."""
   return np.array([l == lab for l in labels], np.float32)[:, None]
-
-
-def _group_keys(episodes):
-  """Episode.group of every episode, or None when no episode names one (then groups are the
-  rollout's consecutive `rl.group_size` samples)."""
-  keys = [e.group for e in episodes]
-  if all(k is None for k in keys):
-    return None
-  if any(k is None for k in keys):
-    raise ValueError("some episodes carry an Episode.group and others do not; a task that "
-                     "groups its episodes must group all of them")
-  return keys
 
 
 def _token_rewards(episodes, totals, host, mask):

@@ -268,12 +268,13 @@ class RLStage:
       key = jax.random.fold_in(run.base_key, run.step)
       t0 = time.time()
       endpoints = judge.Span(list(run.task.monitors()))   # judge/..., reader/... of this step
-      episodes, scores, fill = collection.collect(
+      batch, fill = collection.collect(
           run.task, run.policy.with_params(run.state.params), run.iterators["rl"], key, config,
           run.step - run.sft_total)
       rollout_s = time.time() - t0
-      run.state, run.critic, m = run.learner.update(run.state, run.critic, episodes, scores,
+      run.state, run.critic, m = run.learner.update(run.state, run.critic, batch,
                                                     run.ref_params, jax.random.fold_in(key, 0))
+      episodes, scores = batch.episodes, batch.scores
       for comp in scores[0]:
         m[f"reward/{comp}"] = float(np.mean([s[comp] for s in scores]))
       m["completion_len"] = float(np.mean([sum(e.loss_mask) for e in episodes]))

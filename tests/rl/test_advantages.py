@@ -1,4 +1,5 @@
-"""Advantage estimators against plain numpy references."""
+"""Advantage estimators against plain numpy references; groups named by an index, as the
+engine's group ids name them."""
 import numpy as np
 import pytest
 
@@ -19,28 +20,55 @@ def _np_group(rewards, g, scale_std, eps):
 def test_group_advantages(scale_std):
   rng = np.random.default_rng(0)
   r = np.concatenate([rng.normal(size=8), [1.0, 1.0, 1.0, 1.0], rng.integers(0, 2, 4)])
-  got = np.asarray(rl.group_advantages(r, 4, scale_std=scale_std))
+  got = np.asarray(rl.group_advantages(r, np.repeat(np.arange(4), 4), scale_std=scale_std))
   np.testing.assert_allclose(got, _np_group(r, 4, scale_std, 1e-4), rtol=1e-5, atol=1e-5)
   np.testing.assert_array_equal(got[8:12], 0.0)     # a zero-spread group has no signal
 
 
 def test_group_advantages_hand():
   # group [0, 1, 0, 1]: mean 0.5, sample std sqrt(1/3).
-  got = np.asarray(rl.group_advantages(np.array([0.0, 1.0, 0.0, 1.0]), 4, eps=0.0))
+  got = np.asarray(rl.group_advantages(np.array([0.0, 1.0, 0.0, 1.0]), [0] * 4, eps=0.0))
   np.testing.assert_allclose(got, np.array([-1, 1, -1, 1]) * 0.5 / np.sqrt(1 / 3), rtol=1e-6)
-  np.testing.assert_array_equal(np.asarray(rl.group_advantages(np.array([3.0, 5.0]), 1)), 0.0)
-  with pytest.raises(ValueError, match="group_size=3"):
-    rl.group_advantages(np.zeros(8), 3)
+  np.testing.assert_array_equal(np.asarray(rl.group_advantages(np.array([3.0, 5.0]), [0, 1])),
+                                0.0)
+  with pytest.raises(ValueError, match="must both be \\[N\\]"):
+    rl.group_advantages(np.zeros(8), [0] * 3)
 
 
 def test_registry_and_rloo():
   r = np.array([1.0, 0.0, 0.0, 2.0, 5.0, 5.0])
-  np.testing.assert_allclose(np.asarray(rl.ADVANTAGE_ESTIMATORS["rloo"](r, 3)),
+  index = [0, 0, 0, 1, 1, 1]
+  np.testing.assert_allclose(np.asarray(rl.ADVANTAGE_ESTIMATORS["rloo"](r, index)),
                              [1 - 0.0, 0 - 0.5, 0 - 0.5, 2 - 5, 5 - 3.5, 5 - 3.5], atol=1e-6)
-  np.testing.assert_allclose(np.asarray(rl.ADVANTAGE_ESTIMATORS["dr_grpo"](r, 3)),
+  np.testing.assert_allclose(np.asarray(rl.ADVANTAGE_ESTIMATORS["dr_grpo"](r, index)),
                              _np_group(r, 3, False, 0.0), atol=1e-6)
-  np.testing.assert_allclose(np.asarray(rl.ADVANTAGE_ESTIMATORS["grpo"](r, 3)),
+  np.testing.assert_allclose(np.asarray(rl.ADVANTAGE_ESTIMATORS["grpo"](r, index)),
                              _np_group(r, 3, True, 1e-4), rtol=1e-5)
+  # RLOO over groups of sizes 2, 1 and 3 interleaved: leave-one-out means by hand; alone -> 0.
+  r = np.array([1.0, 7.0, 3.0, 0.0, 2.0, 4.0])
+  got = np.asarray(rl.rloo_advantages(r, ["p", "q", "r", "p", "r", "r"]))
+  np.testing.assert_allclose(got, [1 - 0, 0.0, 3 - 3, 0 - 1, 2 - 3.5, 4 - 2.5], atol=1e-6)
+
+
+def test_equal_groups_give_the_fixed_size_float32_results_exactly():
+  """Groups of one size named by ids reproduce, bit for bit, the reshape to [K, G] that the
+  estimators did before they took ids (the shipped presets' shapes: 8 x 8, ARENA ':paper'
+  256 x 7, the search agent's 32 x 32)."""
+  import jax.numpy as jnp
+  rng = np.random.default_rng(3)
+  for k, g in ((8, 8), (256, 7), (32, 32), (4, 3)):
+    r = rng.normal(size=k * g).astype(np.float32)
+    index = np.repeat(np.arange(k), g)
+    grid = jnp.asarray(r).reshape(k, g)
+    c = grid - jnp.mean(grid, axis=1, keepdims=True)
+    std = jnp.sqrt(jnp.sum(c * c, axis=1, keepdims=True) / (g - 1))
+    np.testing.assert_array_equal(np.asarray(rl.group_advantages(r, index)),
+                                  np.asarray((c / (std + 1e-4)).reshape(-1)))
+    np.testing.assert_array_equal(np.asarray(rl.group_advantages(r, index, scale_std=False)),
+                                  np.asarray(c.reshape(-1)))
+    others = (jnp.sum(grid, axis=1, keepdims=True) - grid) / (g - 1)
+    np.testing.assert_array_equal(np.asarray(rl.rloo_advantages(r, index)),
+                                  np.asarray((grid - others).reshape(-1)))
 
 
 def _np_gae(rewards, values, mask, gamma, lam):
@@ -96,7 +124,7 @@ def test_masked_whiten():
   np.testing.assert_array_equal(got[m == 0], 0.0)
 
 
-def test_keyed_advantages_by_hand():
+def test_group_advantages_of_uneven_interleaved_groups_by_hand():
   # Groups of sizes 3, 1 and 2, interleaved: 'a' = [1, 2, 6], 'b' = [5], 'c' = [0, 4].
   r = np.array([1.0, 5.0, 0.0, 2.0, 4.0, 6.0], np.float32)
   keys = ["a", "b", "c", "a", "c", "a"]
@@ -104,11 +132,9 @@ def test_keyed_advantages_by_hand():
   s7, s8 = np.sqrt(7.0), np.sqrt(8.0)
   want = [-2 / (s7 + 1e-4), 0.0, -2 / (s8 + 1e-4), -1 / (s7 + 1e-4), 2 / (s8 + 1e-4),
           3 / (s7 + 1e-4)]
-  np.testing.assert_allclose(np.asarray(rl.keyed_advantages(r, keys)), want, rtol=1e-5)
-  np.testing.assert_allclose(np.asarray(rl.keyed_advantages(r, keys, scale_std=False)),
+  np.testing.assert_allclose(np.asarray(rl.group_advantages(r, keys)), want, rtol=1e-5)
+  np.testing.assert_allclose(np.asarray(rl.group_advantages(r, keys, scale_std=False)),
                              [-2, 0, -2, -1, 2, 3], atol=1e-6)
-  # Equal consecutive groups: the same as GRPO's.
-  np.testing.assert_allclose(np.asarray(rl.keyed_advantages(r, [0, 0, 1, 1, 2, 2])),
-                             np.asarray(rl.group_advantages(r, 2)), rtol=1e-6)
-  with pytest.raises(ValueError, match="must be \\[N\\]"):
-    rl.keyed_advantages(r, keys[:3])
+  # Equal consecutive groups under any names: the per-group reference.
+  np.testing.assert_allclose(np.asarray(rl.group_advantages(r, [9, 9, 3, 3, 5, 5])),
+                             _np_group(r, 2, True, 1e-4), rtol=1e-5)

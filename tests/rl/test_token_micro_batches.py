@@ -16,6 +16,7 @@ from rlrag_jax.models.decoder import DecoderLM, ValueLM
 from rlrag_jax.rollout.batch import (logits_start, pack, pack_micro_batch, packed_lengths,
                                      pad_rows, plan_micro_batches, take_rows)
 from rlrag_jax.tasks import Episode
+from stub_task import batch_of
 from rlrag_jax.training import learners, stages
 
 CFG = ModelConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_layers=1, num_heads=2,
@@ -211,7 +212,7 @@ def test_outcome_learner_with_a_token_budget_gives_the_one_batch_params():
     c.rl.tokens_per_micro_batch = budget
     learner = learners.make_learner(c, steps, mesh, CFG, pad_id=0)
     state = steps.new_state(params, "rl")
-    state, _, m = learner.update(state, None, _episodes(), scores, params,
+    state, _, m = learner.update(state, None, batch_of(_episodes(), scores, 2), params,
                                  jax.random.PRNGKey(2))
     out[budget] = (jax.device_get(state.params), m)
   _close(out[40][0], out[0][0])
@@ -234,7 +235,7 @@ def test_ppo_learner_with_a_token_budget_gives_the_one_batch_policy_and_critic()
     learner = learners.make_learner(c, steps, mesh, CFG, pad_id=0)
     state = steps.new_state(params, "rl")
     critic = learner.init_critic(state.params, jax.random.PRNGKey(3))
-    state, critic, m = learner.update(state, critic, _episodes(), scores, params,
+    state, critic, m = learner.update(state, critic, batch_of(_episodes(), scores, 2), params,
                                       jax.random.PRNGKey(2))
     out[budget] = (jax.device_get(state.params), jax.device_get(critic.params), m)
   _close(out[40][0], out[0][0])

@@ -1,5 +1,5 @@
 """Collecting a step's episodes: batched rewards, a task's own collect hook, dynamic sampling
-padded back to a fixed batch; per-token rewards and task-named groups in the learners."""
+padded back to a fixed batch, the engine's group ids; per-token rewards in the learners."""
 import itertools
 
 import jax
@@ -39,9 +39,10 @@ def test_batched_rewards_are_asked_once_per_draw():
     def reward(self, episode, step):
       raise AssertionError("the batched hook must be used")
 
-  eps, scores, _ = collection.collect(Task(), None, itertools.repeat(["x", "y"]),
-                                      jax.random.PRNGKey(0), _config(), 1)
-  assert calls == [4] and [s["total"] for s in scores] == [1.0, 0.0, 2.0, 2.0]
+  batch, _ = collection.collect(Task(), None, itertools.repeat(["x", "y"]),
+                                jax.random.PRNGKey(0), _config(), 1)
+  assert calls == [4] and [s["total"] for s in batch.scores] == [1.0, 0.0, 2.0, 2.0]
+  assert list(batch.group_ids) == [0, 0, 1, 1] and batch.live.all()
 
 
 def test_dynamic_sampling_pads_to_a_fixed_batch_with_silenced_groups():
@@ -50,10 +51,14 @@ def test_dynamic_sampling_pads_to_a_fixed_batch_with_silenced_groups():
                                                     _ep("f", 3.0), _ep("f", 3.0)],
       reward=lambda e, step: {"total": e.info["value"]})
   c = _config(dynamic_sampling=True, dynamic_max_tries=2, prompts_per_step=3)
-  eps, scores, fill = collection.collect(task, None, itertools.repeat(["x", "y"]),
-                                         jax.random.PRNGKey(0), c, 1)
-  # Two draws keep 'a' twice (3 wanted); one flat group 'f' pads the batch, silenced.
+  batch, fill = collection.collect(task, None, itertools.repeat(["x", "y"]),
+                                   jax.random.PRNGKey(0), c, 1)
+  eps = batch.episodes
+  # Two draws keep 'a' twice (3 wanted); one flat group 'f' pads the batch, silenced, under an
+  # id of its own.
   assert [e.example for e in eps] == ["a", "a", "a", "a", "f", "f"]
+  assert list(batch.group_ids) == [0, 0, 1, 1, 2, 2]
+  assert list(batch.live) == [True] * 4 + [False] * 2
   assert fill == {"tries": 2.0, "dropped_groups": 2.0, "padded_groups": 1.0,
                   "padded_episodes": 0.0}
   assert [sum(e.loss_mask) for e in eps] == [2, 2, 2, 2, 0, 0]
@@ -79,23 +84,29 @@ def test_a_task_collect_hook_replaces_the_rollout_and_its_count_is_padded_to_a_b
       asked.append((list(exs), group_size, want, step))
       return _tree_groups([(7, (1.0, 0.0)), (9, (5.0,))])
 
-  eps, scores, fill = collection.collect(Task(), None, itertools.repeat(["x"]),
-                                         jax.random.PRNGKey(0), _config(), 1)
+  batch, fill = collection.collect(Task(), None, itertools.repeat(["x"]),
+                                   jax.random.PRNGKey(0), _config(), 1)
+  eps = batch.episodes
   assert asked == [(["x"], 2, 2, 1)]
   # 3 episodes against a nominal 2 x 2: padded to the bucket of 8 with silenced copies of the
-  # first ones (rewards as drawn), so that the update sees a bounded set of shapes.
+  # first ones (rewards as drawn), so that the update sees a bounded set of shapes; the
+  # padding is two whole groups of rl.group_size 2 and one of one, under fresh ids (the task's
+  # own names 7 and 9 are not the engine's ids).
   assert collection.batch_size(3, _config().rl) == 8
   assert len(eps) == 8 and fill["padded_episodes"] == 5.0
-  assert learners._group_keys(eps[:3]) == [7, 7, 9]
+  assert list(batch.group_ids) == [0, 0, 1, 2, 2, 3, 3, 4]
   assert [e.padding for e in eps] == [False] * 3 + [True] * 5
+  assert list(batch.live) == [False if e.padding else True for e in eps]
   assert [e.example for e in eps[3:]] == ["t7", "t7", "t9", "t7", "t7"]
-  assert [s["total"] for s in scores] == [1.0, 0.0, 5.0, 1.0, 0.0, 5.0, 1.0, 0.0]
+  assert [s["total"] for s in batch.scores] == [1.0, 0.0, 5.0, 1.0, 0.0, 5.0, 1.0, 0.0]
   # micro-batches: the bucket is a multiple of the episode unit, and a nominal count that the
   # micro-batches do not divide (4 episodes, 16 micro-batches) is padded to it too
   assert collection.batch_size(3, _config(micro_batches=16).rl) == 16
-  eps, _, fill = collection.collect(Task(), None, itertools.repeat(["x"]), jax.random.PRNGKey(0),
-                                    _config(micro_batches=16, group_size=1, prompts_per_step=3), 1)
-  assert len(eps) == 16 and fill["padded_episodes"] == 13.0
+  batch, fill = collection.collect(
+      Task(), None, itertools.repeat(["x"]), jax.random.PRNGKey(0),
+      _config(micro_batches=16, group_size=1, prompts_per_step=3), 1)
+  assert len(batch) == 16 and fill["padded_episodes"] == 13.0
+  assert list(batch.group_ids) == [0, 0, 1] + list(range(2, 15))
   assert collection.batch_size(40, _config().rl) == 48
 
 
@@ -109,9 +120,10 @@ def test_dynamic_sampling_drops_a_task_s_flat_groups_of_any_size():
       asked.append(want)
       return next(draws)
 
-  eps, _, fill = collection.collect(Task(), None, itertools.repeat(["x"]),
-                                    jax.random.PRNGKey(0),
-                                    _config(dynamic_sampling=True, dynamic_max_tries=2), 1)
+  batch, fill = collection.collect(Task(), None, itertools.repeat(["x"]),
+                                   jax.random.PRNGKey(0),
+                                   _config(dynamic_sampling=True, dynamic_max_tries=2), 1)
+  eps = batch.episodes
   # Kept: group 2 (first draw) and group 4 (second); the flat groups 1 and 3 are dropped.
   assert asked == [2, 1] and [e.example for e in eps[:5]] == ["t2", "t2", "t4", "t4", "t4"]
   assert fill == {"tries": 2.0, "dropped_groups": 2.0, "padded_groups": 0.0,
@@ -142,9 +154,6 @@ def test_token_rewards_land_on_their_completion_tokens():
   with pytest.raises(ValueError, match="1 entries for 2 completion tokens"):
     learners._token_rewards(bad, np.zeros(1, np.float32),
                             pack([[1]], [[2, 3]], bucket=4), np.ones((1, 4), np.float32))
-  with pytest.raises(ValueError, match="must group all of them"):
-    learners._group_keys([Episode(None, [1], [2], [1], "", group=1),
-                          Episode(None, [1], [2], [1], "")])
 
 
 def test_dynamic_sampling_with_every_group_flat_trains_on_the_last_draw():
@@ -153,7 +162,8 @@ def test_dynamic_sampling_with_every_group_flat_trains_on_the_last_draw():
   task = StubTask(rollout=lambda policy, exs, key, group_size: next(draws),
                                reward=lambda e, step: {"total": e.info["value"]})
   c = _config(dynamic_sampling=True, dynamic_max_tries=2)
-  eps, _, fill = collection.collect(task, None, itertools.repeat(["x", "y"]),
-                                    jax.random.PRNGKey(0), c, 1)
+  batch, fill = collection.collect(task, None, itertools.repeat(["x", "y"]),
+                                   jax.random.PRNGKey(0), c, 1)
+  eps = batch.episodes
   assert [e.example for e in eps] == ["r", "r", "s", "s"]
   assert all(sum(e.loss_mask) == 2 for e in eps) and fill["padded_groups"] == 0.0

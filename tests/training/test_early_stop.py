@@ -7,8 +7,9 @@ import jax
 import ml_collections
 import pytest
 
-from rlrag_jax.tasks import Episode
+from rlrag_jax.tasks import Episode, Group
 from stub_task import StubTask
+from rlrag_jax.training import batch as batch_lib
 from rlrag_jax.training import collection, early_stop, stages
 
 
@@ -49,7 +50,7 @@ def _run(metric_values, *, val_every, patience, rl_steps):
     asked.append((desc, list(examples)))
     return {"all": {"recall": next(values), "n": len(examples)}, "rows": []}
 
-  learner = types.SimpleNamespace(update=lambda state, critic, eps, scores, ref, key: (
+  learner = types.SimpleNamespace(update=lambda state, critic, batch, ref, key: (
       state, critic, {"loss": 0.0}))
   policy = types.SimpleNamespace(with_params=lambda p: policy)
   run = stages.Run(
@@ -67,8 +68,8 @@ def _run(metric_values, *, val_every, patience, rl_steps):
 @pytest.fixture
 def stub_collect(monkeypatch):
   ep = Episode(example=None, prompt_ids=[1], completion_ids=[2], loss_mask=[1], text="")
-  monkeypatch.setattr(collection, "collect",
-                      lambda *a, **k: ([ep], [{"total": 0.0}], {}))
+  batch = batch_lib.from_groups([Group([ep], [{"total": 0.0}])])
+  monkeypatch.setattr(collection, "collect", lambda *a, **k: (batch, {}))
 
 
 def test_rl_stage_validates_keeps_the_best_and_stops_early(stub_collect):

@@ -12,6 +12,7 @@ from rlrag_jax.models import ModelConfig, init_params, sharding
 from rlrag_jax.rl import train_step as ts
 from rlrag_jax.rollout.batch import logits_start, pack
 from rlrag_jax.tasks import Episode
+from stub_task import batch_of
 from rlrag_jax.training import learners
 
 CFG = ModelConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_layers=1, num_heads=2,
@@ -85,7 +86,8 @@ def test_ppo_update_uses_hand_computed_gae_and_value_loss():
   calls = []
   logp = steps.logp
   steps.logp = lambda *a: calls.append(1) or logp(*a)
-  _, _, m = learner.update(state, critic, episodes, scores, None, jax.random.PRNGKey(4))
+  _, _, m = learner.update(state, critic, batch_of(episodes, scores, 2),
+                           None, jax.random.PRNGKey(4))
   assert not calls     # one update on the whole batch: no separate old-policy forward
   # Before its update the critic's values are the old values: the clipped loss is plain MSE.
   want_vf = (0.5 * (values - ret) ** 2 * mask).sum() / mask.sum()
@@ -121,7 +123,8 @@ def test_tree_mc_advantage_is_the_return_minus_the_parent_value():
     for j, _ in enumerate(reversed(idx)):          # j policy tokens after this one
       hand += 0.9 ** j * s["total"] - b
       toks += 1
-  _, critic, m = learner.update(state, None, episodes, scores, None, jax.random.PRNGKey(4))
+  _, critic, m = learner.update(state, None, batch_of(episodes, scores, 2),
+                                None, jax.random.PRNGKey(4))
   assert critic is None and not any(k.startswith("vf/") for k in m)
   # On-policy ratio 1: the token-mean policy loss is minus the mean advantage.
   assert m["pg_loss"] == pytest.approx(-hand / toks, rel=1e-5)
@@ -134,11 +137,12 @@ def test_tree_mc_advantage_is_the_return_minus_the_parent_value():
     adv += [0.9 ** j * s_["total"] - b for j in range(n)]
   c.rl.ppo.whiten = True
   learner = learners.make_learner(c, steps, mesh, CFG, pad_id=0)
-  _, _, m = learner.update(fresh(), None, episodes, scores, None, jax.random.PRNGKey(4))
+  _, _, m = learner.update(fresh(), None, batch_of(episodes, scores, 2),
+                           None, jax.random.PRNGKey(4))
   assert m["pg_loss"] == pytest.approx(-np.mean(adv) / np.std(adv), rel=1e-5)
   episodes[2].baseline = None
   with pytest.raises(ValueError, match=r"tree_mc.*episode 2 has no Episode.baseline"):
-    learner.update(fresh(), None, episodes, scores, None, jax.random.PRNGKey(4))
+    learner.update(fresh(), None, batch_of(episodes, scores, 2), None, jax.random.PRNGKey(4))
 
 
 def _recording_learner(c, mesh):
@@ -170,7 +174,8 @@ def test_ppo_mini_batches_visit_every_episode_once_per_epoch():
   episodes = _episodes()
   for i, e in enumerate(episodes):          # a distinct last token marks each episode's row
     e.completion_ids = e.completion_ids[:-1] + [40 + i]
-  learner.update(state, critic, episodes, [{"total": 0.0}] * 4, None, jax.random.PRNGKey(2))
+  learner.update(state, critic, batch_of(episodes, [{"total": 0.0}] * 4, 2),
+                 None, jax.random.PRNGKey(2))
   assert len(seen) == 6 and all(len(s) == 2 for s in seen)      # 3 epochs x 2 mini-batches
   for epoch in range(3):
     assert sorted(seen[2 * epoch] + seen[2 * epoch + 1]) == [40, 41, 42, 43]
@@ -201,7 +206,7 @@ def test_advantages_whitened_per_action_type():
     episodes = _episodes()
     for e, b, r in zip(episodes, bases, roles):
       e.baseline, e.info = b, {"role": r}
-    learner.update(state, crit, episodes, [{"total": t} for t in totals], None,
+    learner.update(state, crit, batch_of(episodes, [{"total": t} for t in totals], 2), None,
                    jax.random.PRNGKey(2))
     adv = seen["advantages"]
     mask = seen["loss_mask"] > 0
@@ -216,7 +221,8 @@ def test_advantages_whitened_per_action_type():
         np.testing.assert_allclose(np.concatenate([adv[i][m[i]] for i in rows]),
                                    raw / raw.std(), rtol=1e-5)
   with pytest.raises(ValueError, match="'rl.ppo.whiten_by' = 'role': episode 0"):
-    learner.update(state, crit, _episodes(), [{"total": 0.0}] * 4, None, jax.random.PRNGKey(2))
+    learner.update(state, crit, batch_of(_episodes(), [{"total": 0.0}] * 4, 2),
+                   None, jax.random.PRNGKey(2))
 
 
 def test_algo_names_are_read_not_ignored():
@@ -228,7 +234,7 @@ def test_algo_names_are_read_not_ignored():
     c = _config(algo)
     steps = trainer.Steps(c, CFG, mesh, 0, 2)
     learner = learners.make_learner(c, steps, mesh, CFG, pad_id=0)
-    np.testing.assert_allclose(np.asarray(learner.estimate(totals, 2)), want, atol=1e-4)
+    np.testing.assert_allclose(np.asarray(learner.estimate(totals, [0, 0, 1, 1])), want, atol=1e-4)
   with pytest.raises(ValueError, match="'rl.algo' is 'reinforce'"):
     learners.check_algo(_config("reinforce").rl)
   # The episode count is the task's (tree rollouts vary it): the split is checked per step.
@@ -238,7 +244,7 @@ def test_algo_names_are_read_not_ignored():
   state = steps.new_state(init_params(steps.module, jax.random.PRNGKey(0)), "rl")
   critic = learner.init_critic(state.params, jax.random.PRNGKey(1))
   with pytest.raises(ValueError, match="rl.ppo.mini_batches' = 3: it must divide the 4"):
-    learner.update(state, critic, _episodes(), [{"total": 0.0}] * 4, None,
+    learner.update(state, critic, batch_of(_episodes(), [{"total": 0.0}] * 4, 2), None,
                    jax.random.PRNGKey(2))
   with pytest.raises(ValueError, match="'rl.ppo.critic' is 'shared'"):
     c = _config("ppo", critic="shared")
@@ -263,7 +269,8 @@ def test_head_critic_reads_the_policy_backbone_and_trains_only_its_head():
   leaves = lambda t: [np.array(x) for x in jax.tree_util.tree_leaves(t)]
   policy0, head0 = leaves(state.params), leaves(critic.params["value_head"])   # (updates donate)
   backbone0 = leaves(state.params["model"])
-  state1, critic1, m1 = learner.update(state, critic, episodes, scores, None, jax.random.PRNGKey(4))
+  state1, critic1, m1 = learner.update(state, critic, batch_of(episodes, scores, 2),
+                                       None, jax.random.PRNGKey(4))
   # The policy moved; the critic's backbone is the policy's before this update, unchanged by
   # the value step, while its head moved.
   assert any(not np.array_equal(a, b) for a, b in zip(policy0, leaves(state1.params)))
@@ -281,7 +288,8 @@ def test_head_critic_reads_the_policy_backbone_and_trains_only_its_head():
   ret = np.zeros_like(mask)
   for i, s in enumerate(scores):
     ret[i] = _hand_gae(want[i], mask[i], s["total"], 1.0, 0.95)[1]
-  _, _, m2 = learner.update(state1, critic1, episodes, scores, None, jax.random.PRNGKey(5))
+  _, _, m2 = learner.update(state1, critic1, batch_of(episodes, scores, 2),
+                            None, jax.random.PRNGKey(5))
   ev = 1 - np.var((ret - want)[mask > 0]) / np.var(ret[mask > 0])
   assert m2["vf/explained_variance"] == pytest.approx(ev, rel=1e-4)
   for k in ("vf/loss", "pg_loss"):
@@ -349,7 +357,8 @@ def test_ppo_mini_batch_size_splits_each_epoch_by_episode_count():
                                loss_mask=[1, 1], text="")]
   for i, e in enumerate(episodes):          # a distinct last token marks each episode's row
     e.completion_ids = e.completion_ids[:-1] + [40 + i]
-  state, critic, m = learner.update(state, critic, episodes, [{"total": 0.0}] * 5, None,
+  state, critic, m = learner.update(state, critic, batch_of(episodes, [{"total": 0.0}] * 5, 2),
+                                    None,
                                     jax.random.PRNGKey(2))
   # 5 episodes at 2 a mini-batch: round(2.5) = 2 mini-batches of 3 and 2, for 2 epochs.
   assert [len(s) for s in seen] == [3, 2, 3, 2] and m["updates"] == 4
@@ -441,7 +450,7 @@ def test_kl_form_reward_puts_minus_beta_kl_on_each_token_reward_and_drops_the_lo
   steps.rl_step = lambda st, batch, start: (seen.update(
       {k: np.asarray(v) for k, v in batch.items()}) or st, {"loss": 0.0})
   state = steps.new_state(params, "rl")
-  _, _, m = learner.update(state, None, episodes, [{"total": t} for t in totals], ref,
+  _, _, m = learner.update(state, None, batch_of(episodes, [{"total": t} for t in totals], 2), ref,
                            jax.random.PRNGKey(2))
   np.testing.assert_allclose(seen["advantages"] * mask, want, rtol=1e-4, atol=1e-6)
   pen = -0.5 * ((logp - ref_logp) * mask).sum() / mask.sum()

@@ -459,10 +459,10 @@ class ProxyTask(Task):
     if not episodes:        # every question answered before any decision: nothing to learn
       st = agent_lib.State(question=examples[0].question, tree=0)
       comp = self.target_ids(parsing.NO)
-      episodes.append(Episode(example=examples[0],
+      episodes.append(Episode(example=examples[0],     # a loss mask of zeros: trains nothing
                               prompt_ids=self.encode(self._probe_agent().rd_prompt(st)),
                               completion_ids=comp, loss_mask=[0] * len(comp), text="",
-                              info={"role": "rd"}, group=-1, baseline=0.0, padding=True))
+                              info={"role": "rd"}, group=-1, baseline=0.0))
       scores.append({"total": 0.0, **{f"is_{r}": 0.0 for r in agent_lib.ROLES}, **stats})
     groups = []      # runs of one Episode.group, in the forest's order
     for ep, sc in zip(episodes, scores):
