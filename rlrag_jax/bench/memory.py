@@ -200,8 +200,8 @@ def _timed_compile(lowerable, *args):
 
 def budget_micro_batch(sequences: int, tokens: int, budget: int, shards: int) -> tuple:
   """(rows of the largest micro-batch, micro-batch count) the planner
-  (`rollout.batch.plan_micro_batches`) makes of `sequences` rows of `tokens` under `budget`."""
-  from rlrag_jax.rollout.batch import plan_micro_batches
+  (`rl.packing.plan_micro_batches`) makes of `sequences` rows of `tokens` under `budget`."""
+  from rlrag_jax.rl.packing import plan_micro_batches
   plan = plan_micro_batches([0] * sequences, [tokens] * sequences, budget, bucket=tokens,
                             shards=shards)
   return max(m.size for m in plan), len(plan)

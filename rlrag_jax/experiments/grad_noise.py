@@ -215,7 +215,7 @@ class Probe:
   def sft_gradient(self, prompts, targets, masks=None):
     """The gradient of the SFT loss (target tokens, token mean) on these rows."""
     from rlrag_jax.models import sharding
-    from rlrag_jax.rollout.batch import logits_start, pack
+    from rlrag_jax.rl.packing import logits_start, pack
     sft = self.config.sft
     batch = pack(prompts, targets, masks, pad_id=self.pad, max_len=sft.max_len,
                  bucket=sft.pack_bucket)

@@ -60,7 +60,7 @@ def predicted_logprobs(pred: Array, input_ids: Array, with_entropy: bool = False
   A model that projects only those positions onto the vocabulary skips the slice of the full
   [B, T, V] logits, and with it a full-size copy in the backward pass (the slice's transpose
   pads the logits gradient back to T columns before the head's weight gradient). With
-  `start > 0` (see `rollout.batch.logits_start`) the prompt's positions are skipped too: the
+  `start > 0` (see `rl.packing.logits_start`) the prompt's positions are skipped too: the
   outputs are still [B, T], with 0 at positions 0..start, which no target there may need.
   The entropy carries no gradient unless `entropy_grad` (an entropy bonus in the loss).
   """

@@ -15,7 +15,7 @@ Design choices:
   * Micro-batch m takes rows m, m + M, m + 2M, ...: with the batch sharded over ('data', 'fsdp')
     in contiguous blocks, that split moves no data between devices.
   * Token-budget micro-batches (`rl.tokens_per_micro_batch`, `sft.tokens_per_micro_batch`):
-    the host packs each micro-batch at its own width (`rollout.batch.plan_micro_batches`), so
+    the host packs each micro-batch at its own width (`rl.packing.plan_micro_batches`), so
     peak memory follows the budget, not the longest episode; the normalisers still come from
     all of the update's loss masks, so the update equals the one-batch one.
   * Non-finite loss or gradient norm: params and opt_state are returned unchanged (so the
@@ -443,7 +443,7 @@ def _token_stats(module, params, mb, mesh, rules, start: int, *, chunk: int,
 def _check_start(start, width: int, where: str) -> int:
   if not isinstance(start, (int, np.integer)) or not 0 <= int(start) <= width - 2:
     raise ValueError(f"{where}: logits_start={start!r} must be an int in [0, T - 2] = "
-                     f"[0, {width - 2}] (see rollout.batch.logits_start)")
+                     f"[0, {width - 2}] (see rl.packing.logits_start)")
   return int(start)
 
 
@@ -455,7 +455,7 @@ class UpdateStep:
 
   `state, metrics = step.accumulated(state, [(mb, logits_start), ...])`: one update over
   micro-batches of any widths and row counts (token-budget micro-batches,
-  `rollout.batch.plan_micro_batches`), each a multiple of data x fsdp rows (all-zero pad rows
+  `rl.packing.plan_micro_batches`), each a multiple of data x fsdp rows (all-zero pad rows
   add nothing). Two jits: `accumulate(params, grads, sums, loss, mb, norms, start)` adds one
   micro-batch's float32 gradient to `grads` (donated), compiled once per micro-batch shape and
   start; `apply(state, grads, sums, loss, norms)` clips, runs the optimizer, skips a
@@ -637,7 +637,7 @@ def make_policy_step(module, opt, mesh: Mesh, loss_cfg: LossConfig = LossConfig(
   old_logp [B, T] (optional: absent means on-policy, ratio 1), ref_logp [B, T] (required when
   loss_cfg.beta > 0; when present with beta = 0 it only feeds the 'kl' metric).
   B must split into `micro_batches` micro-batches, each a multiple of data x fsdp.
-  logits_start (static int, `rollout.batch.logits_start`): logits are computed for positions
+  logits_start (static int, `rl.packing.logits_start`): logits are computed for positions
   logits_start..T-2 only; no loss_mask token may sit at or before it. The ref_logp / old_logp
   entries are read at loss tokens only, so they may come from the same window.
 

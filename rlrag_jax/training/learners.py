@@ -27,7 +27,7 @@ call the jitted, sharded update steps of `rl.train_step`.
 
 With `rl.tokens_per_micro_batch` > 0 no whole batch reaches the device: the episodes (PPO: each
 mini-batch's) are planned into length-sorted micro-batches of at most that many padded tokens
-(`rollout.batch.plan_micro_batches`), each packed at its own width; the log-prob and value
+(`rl.packing.plan_micro_batches`), each packed at its own width; the log-prob and value
 forwards run per micro-batch, and one update accumulates them (`UpdateStep.accumulated`), with
 the whole batch's loss normalisers, so it equals the one-batch update. mu > 1 repeats the plan.
 """
@@ -48,8 +48,8 @@ from rlrag_jax.rl import train_step as ts
 from rlrag_jax.rl.batching import (ALGOS, OUTCOME_ALGOS, check_algo, episode_unit,  # noqa: F401
                                     equal_micro_batches, mini_batch_size, token_budget)
 from rlrag_jax.rl.batching import mini_batches as _mini_batches
-from rlrag_jax.rollout.batch import (logits_start, pack, pack_micro_batch, plan_micro_batches,
-                                     put_rows, take_rows)
+from rlrag_jax.rl.packing import (logits_start, pack, pack_micro_batch, plan_micro_batches,
+                                   put_rows, take_rows)
 
 CRITICS = ("separate", "head", "tree_mc")
 # rl.kl_form: where rl.kl_beta's KL(policy || ref) acts: 'loss' (a term of the policy loss,
@@ -95,7 +95,7 @@ def shard_count(mesh) -> int:
 
 
 def plan_episodes(episodes, rows, budget: int, bucket: int, mesh) -> list:
-  """Token-budget micro-batches (`rollout.batch.MicroBatch`) of episodes[rows]; their `rows`
+  """Token-budget micro-batches (`rl.packing.MicroBatch`) of episodes[rows]; their `rows`
   index `episodes`."""
   rows = np.asarray(rows, np.int64)
   plan = plan_micro_batches([len(episodes[i].prompt_ids) for i in rows],

@@ -13,8 +13,8 @@ from rlrag_jax import rl, trainer
 from rlrag_jax.models import sharding as shd
 from rlrag_jax.models.config import ModelConfig
 from rlrag_jax.models.decoder import DecoderLM, ValueLM
-from rlrag_jax.rollout.batch import (logits_start, pack, pack_micro_batch, packed_lengths,
-                                     pad_rows, plan_micro_batches, take_rows)
+from rlrag_jax.rl.packing import (logits_start, pack, pack_micro_batch, packed_lengths,
+                                   pad_rows, plan_micro_batches, take_rows)
 from rlrag_jax.tasks import Episode
 from stub_task import batch_of
 from rlrag_jax.training import learners, stages

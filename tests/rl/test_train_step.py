@@ -209,7 +209,7 @@ def test_sft_step(setup):
 def test_logits_window_equals_full_logits(setup):
   """`logits_start` (the prompt's logits skipped) changes nothing the losses read: the same
   log-probs at every position after the start (0 before), the same policy and SFT updates."""
-  from rlrag_jax.rollout.batch import logits_start
+  from rlrag_jax.rl.packing import logits_start
   model, params, batch, mesh = setup
   start = logits_start(batch["loss_mask"], 1, align=1)
   assert start == 3                              # row 1's first loss token sits in column 4

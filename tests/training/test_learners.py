@@ -10,7 +10,7 @@ from configs import arena, sparkle
 from rlrag_jax import trainer
 from rlrag_jax.models import ModelConfig, init_params, sharding
 from rlrag_jax.rl import train_step as ts
-from rlrag_jax.rollout.batch import logits_start, pack
+from rlrag_jax.rl.packing import logits_start, pack
 from rlrag_jax.tasks import Episode
 from stub_task import batch_of
 from rlrag_jax.training import learners

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from rlrag_jax.rollout import batch as batch_lib
-from rlrag_jax.rollout.batch import (micro_batch_rows, pack, pack_micro_batch, packed_lengths,
-                                     plan_micro_batches, put_rows, take_rows)
+from rlrag_jax.rl import packing as batch_lib
+from rlrag_jax.rl.packing import (micro_batch_rows, pack, pack_micro_batch, packed_lengths,
+                                   plan_micro_batches, put_rows, take_rows)
 
 
 def _plan(plan):
@@ -34,7 +34,7 @@ def test_plan_by_hand():
 def test_plan_pads_rows_to_the_shard_multiple_and_warns_once_over_budget(caplog):
   p, c = [2] * 6, [30, 3, 3, 14, 5, 3]
   batch_lib._over_budget_warned = False
-  with caplog.at_level(logging.WARNING, logger="rlrag_jax.rollout.batch"):
+  with caplog.at_level(logging.WARNING, logger="rlrag_jax.rl.packing"):
     plan = plan_micro_batches(p, c, 64, bucket=8, shards=4)
     plan_micro_batches(p, c, 64, bucket=8, shards=4)
   # Four rows (one per shard) of width 32 exceed 64 tokens: the fewest rows a micro-batch
