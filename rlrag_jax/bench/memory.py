@@ -302,6 +302,7 @@ def _compile_budget_update(cfg, mesh, sequences: int, tokens: int, *, budget: in
   norms = _abstract({"den": jax.ShapeDtypeStruct((), f32),
                      "tokens": jax.ShapeDtypeStruct((), f32)}, rep)
   scalar = jax.ShapeDtypeStruct((), f32, sharding=rep)
+  traced_start = jax.ShapeDtypeStruct((), jnp.int32, sharding=rep)
   devices = mesh.devices.size
   settings = dict(sequences=sequences, tokens=tokens, micro_batches=count, logits_chunk=chunk,
                   vocab=cfg.vocab_size, logits_start=logits_start,
@@ -315,7 +316,8 @@ def _compile_budget_update(cfg, mesh, sequences: int, tokens: int, *, budget: in
         lambda p: jax.ShapeDtypeStruct(p.shape, f32, sharding=p.sharding), st.params)
     sums = _abstract(step.abstract_sums(st.params, batch, start), rep)
     args = (st.params, grads, sums, scalar, batch, norms)
-    compiled, secs = _timed_compile(step.accumulate, *args, start)
+    # the start is traced (one program for any): its value only skips head chunks at run time
+    compiled, secs = _timed_compile(step.accumulate, *args, traced_start)
     ideal = (_bytes(args) + params_f32 + residual) / devices
     return _row(name, compiled, ideal, devices, compile_s=secs, **settings), grads, sums
 
@@ -334,7 +336,7 @@ def _compile_budget_update(cfg, mesh, sequences: int, tokens: int, *, budget: in
                               ts.abstract_train_state(vmod, vopt, mesh), vmb, 0)[0])
   fwd = ts.make_logprob_fn(module, mesh, logits_chunk=chunk)
   fbatch = {k: mb[k] for k in ("input_ids", "attention_mask")}
-  compiled, secs = _timed_compile(fwd, state.params, fbatch, logits_start)
+  compiled, secs = _timed_compile(fwd.traced, state.params, fbatch, traced_start)
   out.append(_row("logprob", compiled, (_bytes(state.params) + _bytes(fbatch)) / devices,
                   devices, compile_s=secs, **settings))
   return out

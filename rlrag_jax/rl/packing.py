@@ -99,7 +99,8 @@ def packed_lengths(prompts: Sequence[Sequence[int]], completions: Sequence[Seque
 class MicroBatch:
   """One token-budget micro-batch: `rows` (episode indices, longest first) packed by `pack`
   into `width` columns with the prompts left-padded to `prompt_len`, then padded with
-  all-zero rows (`pad_rows`) to `size` rows, a multiple of the shard count."""
+  all-zero rows (`pad_rows`) to `size` rows: `width_rows(width, ...)`, the one row count of
+  its width."""
   rows: np.ndarray
   size: int
   width: int
@@ -109,11 +110,27 @@ class MicroBatch:
 _over_budget_warned = False
 
 
-def micro_batch_rows(n: int, shards: int = 1) -> int:
-  """The row count a micro-batch of n episodes is padded to: a multiple of `shards`, from
-  `geometric_round(n, shards, per_octave=4)`'s bounded set (s, 2s, .., 8s, 10s, .., 16s,
-  20s, ..): at most ~4 sizes per doubling, at most 20% pad rows beyond 8s."""
-  return geometric_round(max(int(n), 1), max(int(shards), 1), per_octave=4)
+def width_rows(width: int, budget: int, shards: int = 1) -> int:
+  """The row count every micro-batch of this width is padded to: the most rows of `width`
+  tokens within `budget`, a multiple of `shards`, and at least `shards` (one row per device,
+  over budget when even that is more than `budget`). One row count per width, so the update
+  compiles one program per width bucket (`width_buckets`), whatever the batch's lengths."""
+  shards = max(int(shards), 1)
+  return max(shards, int(budget) // int(width) // shards * shards)
+
+
+def width_buckets(max_len: int, bucket: int) -> list:
+  """Every width `pack` can give when the longest prompt plus the longest completion is at most
+  `max_len` tokens: the sizes of `geometric_round(., bucket)` up to
+  geometric_round(max_len, bucket). A token-budget run compiles each update program
+  (accumulate, log-prob forward) at most once per entry."""
+  out, n = [], 1
+  while True:
+    w = geometric_round(n, bucket)
+    out.append(w)
+    if w >= geometric_round(max(int(max_len), 1), bucket):
+      return out
+    n = w + 1
 
 
 def plan_micro_batches(prompt_lens: Sequence[int], completion_lens: Sequence[int],
@@ -121,14 +138,14 @@ def plan_micro_batches(prompt_lens: Sequence[int], completion_lens: Sequence[int
   """Episodes -> token-budget micro-batches, a list of `MicroBatch` (host side, pure).
 
   Episodes are taken longest first (prompt + completion) and each micro-batch is filled
-  greedily while its padded shape, `micro_batch_rows(rows, shards)` x `width`, stays within
-  `budget` tokens; width is `pack`'s: `geometric_round(longest prompt + longest completion,
-  bucket)`. So the update's live activations follow the budget, not the longest episode of
-  the batch, and a run compiles a bounded set of shapes (geometric widths x bucketed rows).
-  A micro-batch holds at least `shards` rows (one per device): when even that exceeds the
-  budget (an episode longer than budget / shards), it runs over budget, with one warning.
+  greedily while its rows fit its width's row count, `width_rows(width, budget, shards)`;
+  width is `pack`'s: `geometric_round(longest prompt + longest completion, bucket)`. Each
+  micro-batch is then padded with zero rows to that row count. So the update's live
+  activations follow the budget, not the longest episode of the batch, and a run compiles
+  one shape per width bucket (`width_buckets`). A micro-batch holds at least `shards` rows
+  (one per device): when even that exceeds the budget (an episode longer than
+  budget / shards), it runs over budget, with one warning.
   """
-  global _over_budget_warned
   p = np.asarray(prompt_lens, np.int64).reshape(-1)
   c = np.asarray(completion_lens, np.int64).reshape(-1)
   if p.shape != c.shape:
@@ -141,19 +158,24 @@ def plan_micro_batches(prompt_lens: Sequence[int], completion_lens: Sequence[int
 
   def close():
     width = geometric_round(pm + cm, bucket)
-    plan.append(MicroBatch(rows=np.array(cur, np.int64), size=micro_batch_rows(len(cur), shards),
+    plan.append(MicroBatch(rows=np.array(cur, np.int64), size=width_rows(width, budget, shards),
                            width=width, prompt_len=int(pm)))
 
   for i in np.argsort(-(p + c), kind="stable"):
     npm, ncm = max(pm, int(p[i])), max(cm, int(c[i]))
-    size = micro_batch_rows(len(cur) + 1, shards)
-    if cur and size > shards and size * geometric_round(npm + ncm, bucket) > budget:
+    if cur and len(cur) + 1 > width_rows(geometric_round(npm + ncm, bucket), budget, shards):
       close()
       cur, npm, ncm = [], int(p[i]), int(c[i])
     cur.append(int(i))
     pm, cm = npm, ncm
   if cur:
     close()
+  _warn_over_budget(plan, budget)
+  return plan
+
+
+def _warn_over_budget(plan, budget: int) -> None:
+  global _over_budget_warned
   over = [m for m in plan if m.size * m.width > budget]
   if over and not _over_budget_warned:
     _over_budget_warned = True
@@ -161,7 +183,6 @@ def plan_micro_batches(prompt_lens: Sequence[int], completion_lens: Sequence[int
     log.warning("token budget %d per micro-batch is below %d rows x %d tokens (the fewest rows, "
                 "one per data x fsdp shard, at the width of its longest episode): such "
                 "micro-batches run over budget", budget, m.size, m.width)
-  return plan
 
 
 def pack_micro_batch(prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]],

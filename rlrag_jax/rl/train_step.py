@@ -387,18 +387,34 @@ def compute_params(module, params, mesh: Mesh, rules=shd.RULES):
   return jax.tree_util.tree_map_with_path(cast, params, sh)
 
 
-def _token_stats(module, params, mb, mesh, rules, start: int, *, chunk: int,
-                 temperature: float = 1.0, with_entropy: bool = False,
-                 entropy_grad: bool = False, with_hits: bool = False,
-                 head_backward: str = "auto") -> dict:
+def _token_stats(module, params, mb, mesh, rules, start, *, chunk: int, **kw) -> dict:
   """Aligned per-token statistics [b, T] of a micro-batch: 'lp' (log-prob of each token), and
   'ent' (entropy of the distribution that predicted it) / 'hit' (greedy prediction right),
-  each 0 at positions 0..start.
+  each 0 at positions 0..start (`_window_stats`).
+
+  `start` a Python int: the logits window starts there (one program per start). A traced
+  int32 scalar (the token-budget step, one program per width): the window is the whole row,
+  its head chunks before `start` are skipped at run time (`chunked_head_logprobs`' `first`),
+  and positions 0..start are set to 0, so the numbers are the int form's up to the summation
+  order of the head's chunks.
+  """
+  if isinstance(start, (int, np.integer)):
+    return _window_stats(module, params, mb, mesh, rules, int(start), chunk=chunk, **kw)
+  out = _window_stats(module, params, mb, mesh, rules, 0, chunk=chunk, first=start, **kw)
+  keep = jnp.arange(mb["input_ids"].shape[1])[None, :] > start              # [1, T]
+  return {k: jnp.where(keep, v, jnp.zeros((), v.dtype)) for k, v in out.items()}
+
+
+def _window_stats(module, params, mb, mesh, rules, start: int, *, chunk: int,
+                  temperature: float = 1.0, with_entropy: bool = False,
+                  entropy_grad: bool = False, with_hits: bool = False,
+                  head_backward: str = "auto", first=None) -> dict:
+  """`_token_stats` over the window of positions start..T-2 (a static start).
 
   When the window's logits [b, T-1-start, V] fit in `chunk` elements (or chunk = 0) they are
   computed at once (`_pred_logits`); else from the hidden states in chunks of tokens against
-  the LM head, each chunk recomputed in the backward pass (`chunked_head_logprobs`), so no
-  [tokens, vocab] array lives in the update.
+  the LM head, each chunk recomputed in the backward pass (`chunked_head_logprobs`, which
+  skips the chunks before a traced `first`), so no [tokens, vocab] array lives in the update.
   """
   ids = mb["input_ids"]
   cfg = module.config
@@ -436,7 +452,8 @@ def _token_stats(module, params, mb, mesh, rules, start: int, *, chunk: int,
   out = chunked_head_logprobs(h, head, ids[:, start + 1:], chunk=chunk * (b // rows),
                               transposed=transposed,
                               temperature=temperature, with_entropy=with_entropy,
-                              entropy_grad=entropy_grad, with_hits=with_hits, fused=fused)
+                              entropy_grad=entropy_grad, with_hits=with_hits, fused=fused,
+                              first=first)
   return {k: pad(v) for k, v in out.items()}
 
 
@@ -457,8 +474,9 @@ class UpdateStep:
   micro-batches of any widths and row counts (token-budget micro-batches,
   `rl.packing.plan_micro_batches`), each a multiple of data x fsdp rows (all-zero pad rows
   add nothing). Two jits: `accumulate(params, grads, sums, loss, mb, norms, start)` adds one
-  micro-batch's float32 gradient to `grads` (donated), compiled once per micro-batch shape and
-  start; `apply(state, grads, sums, loss, norms)` clips, runs the optimizer, skips a
+  micro-batch's float32 gradient to `grads` (donated), compiled once per micro-batch shape
+  (the logits start is a traced int32 scalar: its head chunks before the start are skipped at
+  run time, `_token_stats`); `apply(state, grads, sums, loss, norms)` clips, runs the optimizer, skips a
   non-finite update and writes the metrics exactly as the one-jit step does. The whole-batch
   normalisers come once from every micro-batch's loss mask (`_TokenNorms.host`), so the summed
   gradient, loss and metrics equal those of the one batch the micro-batches split, for every
@@ -499,7 +517,8 @@ class UpdateStep:
     return jax.device_put((zeros, np.zeros((), np.float32)), shd.replicated(self._mesh))
 
   def accumulated(self, state: TrainState, parts) -> tuple:
-    """One update over `parts`, a list of (micro-batch dict, static logits_start)."""
+    """One update over `parts`, a list of (micro-batch dict, logits_start int); each start
+    reaches `accumulate` as a traced int32 scalar."""
     if not parts:
       raise ValueError(f"{self._where}: accumulated() needs at least one micro-batch")
     if jax.process_count() > 1:
@@ -515,8 +534,10 @@ class UpdateStep:
       starts.append(_check_start(start, mb["input_ids"].shape[1], self._where))
     norms = self.norms([mb["loss_mask"] for mb, _ in parts])
     grads = self.zeros(state.params)
-    sums, loss = self.zero_sums(state.params, parts[0][0], starts[0])
+    sums, loss = self.zero_sums(state.params, parts[0][0])
+    rep = shd.replicated(self._mesh)
     for (mb, _), start in zip(parts, starts):
+      start = jax.device_put(np.int32(start), rep)
       grads, sums, loss = self.accumulate(state.params, grads, sums, loss, mb, norms, start)
     return self.apply(state, grads, sums, loss, norms)
 
@@ -584,7 +605,8 @@ def _make_update_step(mb_loss: Callable, norms_fn: _TokenNorms, finalize: Callab
   sums dict); `start` is the step's static `logits_start` (the first position whose logits are
   computed). norms_fn(batch) -> dict of whole-batch normalisers; finalize(sums, norms)
   -> metrics dict. The jitted step is `step(state, batch, logits_start=0)`; each distinct
-  logits_start compiles once. See `UpdateStep` for the token-budget form.
+  logits_start compiles once. See `UpdateStep` for the token-budget form, whose `accumulate`
+  takes the start traced (an int32 scalar): one program per micro-batch shape.
   """
   bsh, rep = shd.batch_sharding(mesh), shd.replicated(mesh)
   apply_update = _update_applier(opt, finalize, lr_schedule)
@@ -603,7 +625,7 @@ def _make_update_step(mb_loss: Callable, norms_fn: _TokenNorms, finalize: Callab
                                          mesh, state_sh)
     return apply_update(state, grads, sums, loss, norms)
 
-  def accumulate(params, grads, sums, loss, mb: dict, norms: dict, start: int):
+  def accumulate(params, grads, sums, loss, mb: dict, norms: dict, start):
     grad_fn = jax.value_and_grad(functools.partial(mb_loss, start=start), has_aux=True)
     mb = jax.tree_util.tree_map(lambda x: jax.lax.with_sharding_constraint(x, bsh), mb)
     (l, s), g = grad_fn(params, mb, norms)
@@ -617,9 +639,9 @@ def _make_update_step(mb_loss: Callable, norms_fn: _TokenNorms, finalize: Callab
   return UpdateStep(
       jax.jit(step, in_shardings=(state_sh, bsh), out_shardings=(state_sh, rep),
               donate_argnums=(0,), static_argnums=(2,)),
-      jax.jit(accumulate, in_shardings=(state_sh.params, state_sh.params, rep, rep, bsh, rep),
-              out_shardings=(state_sh.params, rep, rep), donate_argnums=(1,),
-              static_argnums=(6,)),
+      jax.jit(accumulate, in_shardings=(state_sh.params, state_sh.params, rep, rep, bsh, rep,
+                                        rep),
+              out_shardings=(state_sh.params, rep, rep), donate_argnums=(1,)),
       jax.jit(apply_update, in_shardings=(state_sh, state_sh.params, rep, rep, rep),
               out_shardings=(state_sh, rep), donate_argnums=(0,)),
       jax.jit(zeros, in_shardings=(state_sh.params,), out_shardings=state_sh.params),
@@ -789,19 +811,46 @@ def make_value_step(module, opt, mesh: Mesh, *, clip_eps: Optional[float] = 0.2,
 # ------------------------------------------------------------------------------------ forwards
 def _make_forward(fn: Callable, module, mesh: Mesh, micro_batches: int, rules, where: str):
   p_sh = shd.param_shardings(module, mesh, rules)
+  bsh, rep = shd.batch_sharding(mesh), shd.replicated(mesh)
 
-  def forward(params, batch, logits_start: int = 0):
-    _check_batch(batch, ["input_ids", "attention_mask"], where)
-    batch = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+  def forward(params, batch, start):
     _check_micro(batch["input_ids"].shape[0], micro_batches, mesh, where)
-    start = _check_start(logits_start, batch["input_ids"].shape[1], where)
     if micro_batches == 1:
       return fn(params, batch, start)
     mbs = jax.tree_util.tree_map(lambda x: _split_micro(x, micro_batches, mesh), batch)
     return _merge_micro(jax.lax.map(lambda mb: fn(params, mb, start), mbs), mesh)
 
-  return jax.jit(_constrained(forward, mesh, rules), in_shardings=(p_sh, shd.batch_sharding(mesh)),
-                 out_shardings=shd.batch_sharding(mesh), static_argnums=(2,))
+  forward = _constrained(forward, mesh, rules)
+  return Forward(jax.jit(forward, in_shardings=(p_sh, bsh), out_shardings=bsh,
+                         static_argnums=(2,)),
+                 jax.jit(forward, in_shardings=(p_sh, bsh, rep), out_shardings=bsh),
+                 rep, where)
+
+
+class Forward:
+  """A jitted forward over a packed batch (log-probs, values), in two forms:
+  `fn(params, batch, logits_start=0)` with a static start (one program per start), and
+  `fn.any_start(params, batch, logits_start)` with the start traced (one program per batch
+  shape, the token-budget micro-batches'). Only input_ids and attention_mask reach the jit,
+  so batches that carry other entries share its programs."""
+
+  def __init__(self, static, traced, rep, where: str):
+    self.static, self.traced, self._rep, self._where = static, traced, rep, where
+
+  def _inputs(self, batch: dict, logits_start) -> tuple:
+    _check_batch(batch, ["input_ids", "attention_mask"], self._where)
+    start = _check_start(logits_start, batch["input_ids"].shape[1], self._where)
+    return {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}, start
+
+  def __call__(self, params, batch: dict, logits_start: int = 0):
+    return self.static(params, *self._inputs(batch, logits_start))
+
+  def any_start(self, params, batch: dict, logits_start: int):
+    batch, start = self._inputs(batch, logits_start)
+    return self.traced(params, batch, jax.device_put(np.int32(start), self._rep))
+
+  def lower(self, params, batch: dict, logits_start: int = 0):
+    return self.static.lower(params, *self._inputs(batch, logits_start))
 
 
 def _constrained(fn: Callable, mesh: Mesh, rules) -> Callable:

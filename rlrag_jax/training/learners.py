@@ -27,9 +27,12 @@ call the jitted, sharded update steps of `rl.train_step`.
 
 With `rl.tokens_per_micro_batch` > 0 no whole batch reaches the device: the episodes (PPO: each
 mini-batch's) are planned into length-sorted micro-batches of at most that many padded tokens
-(`rl.packing.plan_micro_batches`), each packed at its own width; the log-prob and value
-forwards run per micro-batch, and one update accumulates them (`UpdateStep.accumulated`), with
-the whole batch's loss normalisers, so it equals the one-batch update. mu > 1 repeats the plan.
+(`rl.packing.plan_micro_batches`), each packed at its own width and padded with zero rows to
+that width's one row count; the log-prob and value forwards run per micro-batch, and one
+update accumulates them (`UpdateStep.accumulated`), with the whole batch's loss normalisers, so
+it equals the one-batch update. mu > 1 repeats the plan. The logits start reaches those jits
+traced (`Forward.any_start`, `UpdateStep.accumulate`), so a run compiles each of them once per
+width bucket (`rl.packing.width_buckets`), whatever lengths its steps meet.
 """
 from __future__ import annotations
 
@@ -174,9 +177,9 @@ class OutcomeLearner:
       start = logits_start(host["loss_mask"], rl.pack_bucket)
       batch = sharding.shard_batch(host, self.mesh)
       if rl.mu > 1:
-        batch["old_logp"] = self.steps.logp(state.params, batch, start)
+        batch["old_logp"] = self.steps.logp.any_start(state.params, batch, start)
       if self.steps.with_ref:
-        batch["ref_logp"] = self.steps.logp(ref_params, batch, start)
+        batch["ref_logp"] = self.steps.logp.any_start(ref_params, batch, start)
       parts.append((batch, start))
     for _ in range(rl.mu):
       state, m = self.steps.rl_step.accumulated(state, parts)
@@ -434,7 +437,7 @@ class PPOLearner:
                       logits_start(b["loss_mask"], rl.pack_bucket)))
       out = np.zeros(host["input_ids"].shape, np.float32)
       for mb, batch, s in fwd:
-        put_rows(out, fn(params, batch, s), p_len, mb)
+        put_rows(out, fn.any_start(params, batch, s), p_len, mb)
       return out
     return forward
 

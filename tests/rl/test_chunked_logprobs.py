@@ -276,3 +276,43 @@ def test_update_memory_does_not_grow_with_the_vocabulary():
   logits = lambda vocab: b * t * vocab * 4
   assert temps[16384, 0] - temps[1024, 0] > logits(16384) - logits(1024), temps
   assert temps[16384, 2 ** 20] - temps[1024, 2 ** 20] < logits(16384) / 4, temps
+
+
+@pytest.mark.parametrize("mode", ["autodiff", "fused", "bf16"])
+def test_traced_first_skips_chunks_and_equals_the_window_cut_there(mode):
+  """`first` (traced, one program for any value) against the window cut at it (a static
+  start): the same statistics from `first` on, and the same gradients of a loss read there,
+  for the float32 autodiff and fused chunk backwards and the bf16 float32-sum scan."""
+  rng = np.random.default_rng(1)
+  b, n, e = 2, 17, 8
+  dt = jnp.bfloat16 if mode == "bf16" else jnp.float32
+  h = jnp.asarray(rng.normal(size=(b, n, e)), dt)
+  w = jnp.asarray(0.4 * rng.normal(size=(e, V)), dt)
+  tg = jnp.asarray(rng.integers(0, V, (b, n)), jnp.int32)
+  wts = jnp.asarray(rng.normal(size=(b, n)), jnp.float32)
+  kw = dict(chunk=V * 2 * 3, with_entropy=True, fused=mode == "fused")
+
+  def loss_traced(h, w, first):
+    out = lp_lib.chunked_head_logprobs(h, w, tg, first=first, **kw)
+    keep = jnp.arange(n)[None, :] >= first
+    return jnp.sum(jnp.where(keep, out["lp"] * wts, 0.0)), out
+
+  def loss_window(h, w, first):
+    out = lp_lib.chunked_head_logprobs(h[:, first:], w, tg[:, first:], **kw)
+    return jnp.sum(out["lp"] * wts[:, first:]), out
+
+  grad_traced = jax.jit(jax.value_and_grad(loss_traced, argnums=(0, 1), has_aux=True))
+  tol = 2e-2 if mode == "bf16" else 1e-5
+  for first in (0, 5, 11):
+    (l_t, out_t), g_t = grad_traced(h, w, jnp.int32(first))
+    (l_w, out_w), g_w = jax.value_and_grad(loss_window, argnums=(0, 1), has_aux=True)(
+        h, w, first)
+    np.testing.assert_allclose(l_t, l_w, rtol=tol, atol=tol)
+    for k in ("lp", "ent"):
+      np.testing.assert_allclose(np.asarray(out_t[k])[:, first:], out_w[k], rtol=tol, atol=tol)
+    assert not np.asarray(g_t[0], np.float32)[:, :first].any()     # nothing before first
+    for got, want in zip(g_t, g_w):
+      np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32),
+                                 rtol=tol, atol=tol)
+  # chunks of 3 positions: first = 11 skips chunks 0..2 (positions 0..8) at run time
+  assert grad_traced._cache_size() == 1

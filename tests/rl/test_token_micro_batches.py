@@ -24,8 +24,9 @@ CFG = ModelConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_layer
                   tie_word_embeddings=True, eos_token_id=(1,), pad_token_id=0)
 BUCKET, BUDGET = 4, 72
 # One long completion (3 + 30 tokens: 36 columns) and three short ones after long prompts
-# (20 + 4: 24 columns): the plan makes a 1 x 36 micro-batch and a 3 x 24 one (padded here to 4
-# rows: a zero row), whose logits windows start at 0 and at 16.
+# (20 + 4: 24 columns): the plan makes a micro-batch of one episode at 36 columns, padded to
+# its width's row count (72 // 36 = 2: a zero row), and a 3 x 24 one (padded here to 4 rows:
+# a zero row), whose logits start at 0 and at 16.
 PROMPT_LENS, COMPLETION_LENS = (3, 20, 18, 16), (30, 3, 2, 4)
 
 
@@ -44,7 +45,7 @@ def data():
   whole.update({k: v.astype(np.float32) for k, v in per_token.items()})
   whole["advantages"] = np.array([1.0, -0.5, 2.0, -1.5], np.float32)
   plan = plan_micro_batches(*packed_lengths(prompts, completions), BUDGET, bucket=BUCKET)
-  assert [(m.size, m.width) for m in plan] == [(1, 36), (3, 24)]
+  assert [(len(m.rows), m.size, m.width) for m in plan] == [(1, 2, 36), (3, 3, 24)]
   p_len = max(PROMPT_LENS)
   parts = []
   for m in plan:
