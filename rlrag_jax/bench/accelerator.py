@@ -15,7 +15,7 @@ Measured on whatever device jax sees first (made for one H100), against the hard
             read the bf16 weights and the live KV cache once at the measured copy bandwidth
             (and at the datasheet's). Also one decode step alone (jitted, cache donated), which
             splits the loop's overheads from the step.
-  update    the trainer's RL update (`rl.train_step.make_policy_step`, GRPO with a reference
+  update    the trainer's RL update (`rl.step_factories.make_policy_step`, GRPO with a reference
             log-prob input, AdamW over float32 master params, bf16 compute, rematerialised
             blocks, chunked logits) at 64 sequences x 512 tokens: tokens/s, model FLOPs
             utilisation against the datasheet bf16 peak and a measured matmul, peak device
@@ -336,7 +336,7 @@ def bench_update(spec: dict, dev: dict, clock: Clock, attention: str = "xla") ->
   from rlrag_jax import rl
   from rlrag_jax.models import sharding as shd
   from rlrag_jax.models.decoder import DecoderLM
-  from rlrag_jax.rl import train_step as ts
+  from rlrag_jax.rl import optim_state, step_factories
   cfg = _model_config(spec, param_dtype="float32", remat=True, attention_block=0,
                       attention=attention)
   module = DecoderLM(cfg)
@@ -350,16 +350,16 @@ def bench_update(spec: dict, dev: dict, clock: Clock, attention: str = "xla") ->
            "advantages": rng.normal(size=(n,)).astype(np.float32)}
   batch["loss_mask"][:, prompt:] = 1
   start = prompt - 1
-  opt = ts.make_optimizer(ts.OptimizerConfig(lr=1e-6, total_steps=100))
+  opt = optim_state.make_optimizer(optim_state.OptimizerConfig(lr=1e-6, total_steps=100))
   result = {}
   for micro in (1, 2, 4, 8):
     if n % micro or clock.left() < 60:
       continue
     try:
       state = rl.create_train_state(module, opt, mesh, rng=jax.random.PRNGKey(0))
-      step = ts.make_policy_step(module, opt, mesh, ts.LossConfig.preset("grpo"),
+      step = step_factories.make_policy_step(module, opt, mesh, step_factories.LossConfig.preset("grpo"),
                                  micro_batches=micro)
-      logp = ts.make_logprob_fn(module, mesh, micro_batches=micro)
+      logp = step_factories.make_logprob_fn(module, mesh, micro_batches=micro)
       dev_batch = shd.shard_batch(batch, mesh)
       dev_batch["ref_logp"] = logp(state.params, dev_batch, start)
       c0 = time.perf_counter()

@@ -236,26 +236,30 @@ def chunked_head_logprobs(h: Array, head: Array, targets: Array, *, chunk: int,
   hs, ts = jnp.swapaxes(hs, 0, 1), jnp.swapaxes(ts, 0, 1)                # [chunks, B, c, ...]
   # chunk j holds positions j c .. j c + c - 1: needed when its last one is >= first
   live = None if first is None else (jnp.arange(chunks) * c + c - 1) >= first   # [chunks]
+  spec = _ChunkSpec(transposed, float(temperature), with_entropy, entropy_grad, with_hits, fused)
+  out = _scan_chunks(hs, head, ts, stats, spec, live)
+  # [chunks, B, c] -> [B, N]
+  return {k: jnp.swapaxes(v, 0, 1).reshape(b, chunks * c)[:, :n] for k, v in out.items()}
+
+
+def _scan_chunks(hs: Array, head: Array, ts: Array, stats, spec, live) -> dict:
+  """`stats(hc, head, tc)` of every chunk of hs [chunks, B, c, E] and ts [chunks, B, c] (the
+  `live` ones only, when given), as {name: [chunks, B, c]}."""
   if jnp.dtype(head.dtype) != jnp.float32:
     # Reduced precision: autodiff of the scan below sums the head's gradient over the chunks in
     # the head's dtype, so bf16 rounding piles up with the chunk count (a relative error of
     # ~1e-2 at 512 chunks against ~2e-3 unchunked); this scan carries it in float32 instead.
-    out = _scan_f32_head_grad(hs, head, ts, _ChunkSpec(
-        transposed, float(temperature), with_entropy, entropy_grad, with_hits, fused), live)
-  else:
-    # The fused backward recomputes its logits itself and keeps only [B, C] of its forward.
-    body = (lambda w, hc, tc: stats(hc, w, tc)) if fused else \
-        jax.checkpoint(lambda w, hc, tc: stats(hc, w, tc))
-    if live is not None:
-      body = _skippable(body, jax.eval_shape(body, head, hs[0], ts[0]))
-      xs = (hs, ts, live)
-    else:
-      xs = (hs, ts)
-    # `head` is a constant of the scan (not a carry): JAX hoists loop-invariant residuals, so
-    # the backward pass reads the one weight instead of a copy per chunk.
-    _, out = jax.lax.scan(lambda _, x: (None, body(head, *x)), None, xs)
-  # [chunks, B, c] -> [B, N]
-  return {k: jnp.swapaxes(v, 0, 1).reshape(b, chunks * c)[:, :n] for k, v in out.items()}
+    return _scan_f32_head_grad(hs, head, ts, spec, live)
+  # The fused backward recomputes its logits itself and keeps only [B, C] of its forward.
+  body = (lambda w, hc, tc: stats(hc, w, tc)) if spec.fused else \
+      jax.checkpoint(lambda w, hc, tc: stats(hc, w, tc))
+  if live is not None:
+    body = _skippable(body, jax.eval_shape(body, head, hs[0], ts[0]))
+  xs = (hs, ts) if live is None else (hs, ts, live)
+  # `head` is a constant of the scan (not a carry): JAX hoists loop-invariant residuals, so
+  # the backward pass reads the one weight instead of a copy per chunk.
+  _, out = jax.lax.scan(lambda _, x: (None, body(head, *x)), None, xs)
+  return out
 
 
 def _skippable(body, shapes):

@@ -23,7 +23,7 @@ policy (and critic) updates.
 
 Both pack the episodes into one token batch, compute the sampling policy's log-probs when updates
 are more than one (mu > 1 or mini-batches), the reference log-probs when the KL term is on, and
-call the jitted, sharded update steps of `rl.train_step`.
+call the jitted, sharded update steps of `rl.step_factories`.
 
 With `rl.tokens_per_micro_batch` > 0 no whole batch reaches the device: the episodes (PPO: each
 mini-batch's) are planned into length-sorted micro-batches of at most that many padded tokens
@@ -47,7 +47,7 @@ from rlrag_jax.models import ValueLM, value_params_from_policy
 from rlrag_jax.models import sharding
 from rlrag_jax.rl import advantages as adv_lib
 from rlrag_jax.rl import losses
-from rlrag_jax.rl import train_step as ts
+from rlrag_jax.rl import optim_state, step_factories
 from rlrag_jax.rl.batching import (ALGOS, OUTCOME_ALGOS, check_algo, episode_unit,  # noqa: F401
                                     equal_micro_batches, mini_batch_size, token_budget)
 from rlrag_jax.rl.batching import mini_batches as _mini_batches
@@ -81,7 +81,7 @@ def schedule_by_rl_step(rl) -> bool:
   """Whether the RL lr schedules (policy and critic) are indexed by RL steps rather than by
   updates: with rl.ppo.mini_batch_size > 0 a step's update count follows its episode count,
   which a tree rollout varies, so no update count fixes the schedule's length in advance;
-  every update of a step then takes the step's lr (`train_step.advance_rl_step`)."""
+  every update of a step then takes the step's lr (`optim_state.advance_rl_step`)."""
   return mini_batch_size(rl) > 0
 
 
@@ -247,7 +247,7 @@ class ValueModelCritic(Critic):
     self.mesh, self.lam = mesh, float(rl.ppo.lam)
     self.shared = rl.ppo.critic == "head"
     self.module = ValueLM(model_cfg)
-    self.opt = ts.make_optimizer(ts.OptimizerConfig(
+    self.opt = optim_state.make_optimizer(optim_state.OptimizerConfig(
         lr=rl.ppo.vf_lr, schedule=rl.lr_schedule, warmup_ratio=rl.warmup_ratio,
         total_steps=schedule_length(rl, config.rl.steps),
         weight_decay=rl.weight_decay, max_grad_norm=rl.max_grad_norm),
@@ -260,11 +260,11 @@ class ValueModelCritic(Critic):
           {"model": label(shapes["model"], "frozen"),
            "value_head": label(shapes["value_head"], "head")})
     clip = float(rl.ppo.vf_clip)
-    self.value_step = ts.make_value_step(
+    self.value_step = step_factories.make_value_step(
         self.module, self.opt, mesh, clip_eps=clip if clip > 0 else None,
         aggregation=rl.aggregation, max_len=rl.max_new_tokens,
         micro_batches=equal_micro_batches(rl))
-    self.value_fn = ts.make_value_fn(self.module, mesh, micro_batches=equal_micro_batches(rl))
+    self.value_fn = step_factories.make_value_fn(self.module, mesh, micro_batches=equal_micro_batches(rl))
     self.hidden = model_cfg.hidden_size
     self.param_dtype = model_cfg.params_dtype
 
@@ -273,10 +273,10 @@ class ValueModelCritic(Critic):
     head = {"kernel": (0.02 * jax.random.normal(key, (self.hidden, 1))).astype(self.param_dtype),
             "bias": jnp.zeros((1,), self.param_dtype)}
     params = value_params_from_policy(jax.device_get(policy_params), {"value_head": head})
-    return ts.create_train_state(self.module, self.opt, self.mesh, params=params)
+    return optim_state.create_train_state(self.module, self.opt, self.mesh, params=params)
 
   def abstract(self):
-    return ts.abstract_train_state(self.module, self.opt, self.mesh)
+    return optim_state.abstract_train_state(self.module, self.opt, self.mesh)
 
   def for_step(self, critic, policy_params):
     """'head': the critic's backbone becomes a copy of the policy's current one (a copy: the
@@ -310,7 +310,7 @@ class ValueModelCritic(Critic):
   def advance(self, critic):
     if critic is None:
       return None
-    return critic.replace(opt_state=ts.advance_rl_step(critic.opt_state))
+    return critic.replace(opt_state=optim_state.advance_rl_step(critic.opt_state))
 
 
 class TreeMCCritic(Critic):
@@ -413,7 +413,7 @@ class PPOLearner:
     if mini_batch_size(rl):
       metrics["updates"] = float(int(rl.mu) * mini)
     if schedule_by_rl_step(rl):          # the next step's updates take the next step's lr
-      state = state.replace(opt_state=ts.advance_rl_step(state.opt_state))
+      state = state.replace(opt_state=optim_state.advance_rl_step(state.opt_state))
       critic = self.vf.advance(critic)
     return state, critic, metrics
 

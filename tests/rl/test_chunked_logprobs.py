@@ -11,7 +11,7 @@ from rlrag_jax.models import sharding as shd
 from rlrag_jax.models.config import ModelConfig
 from rlrag_jax.models.decoder import DecoderLM, init_params
 from rlrag_jax.rl import logprobs as lp_lib
-from rlrag_jax.rl import train_step as ts
+from rlrag_jax.rl import optim_state, step_factories
 
 V = 256
 
@@ -195,13 +195,13 @@ def test_update_steps_equal_with_and_without_chunks(tied):
   small = 2 * 3 * V                          # micro-batch of 2 rows x 3 positions x vocab
   out = {}
   for chunk in (0, small):
-    logp = ts.make_logprob_fn(model, mesh, temperature=0.8, micro_batches=2,
+    logp = step_factories.make_logprob_fn(model, mesh, temperature=0.8, micro_batches=2,
                               logits_chunk=chunk)(params, batch, 8)
     b = dict(batch, ref_logp=np.asarray(logp) - 0.05, old_logp=np.asarray(logp) + 0.02)
     opt = optax.sgd(1.0)
-    pol = ts.make_policy_step(model, opt, mesh, loss_cfg, micro_batches=2, logits_chunk=chunk)
+    pol = step_factories.make_policy_step(model, opt, mesh, loss_cfg, micro_batches=2, logits_chunk=chunk)
     st, pm = pol(rl.create_train_state(model, opt, mesh, params=params), b, 8)
-    sft = ts.make_sft_step(model, opt, mesh, micro_batches=2, logits_chunk=chunk)
+    sft = step_factories.make_sft_step(model, opt, mesh, micro_batches=2, logits_chunk=chunk)
     st2, sm = sft(rl.create_train_state(model, opt, mesh, params=params), batch, 0)
     out[chunk] = (np.asarray(logp), jax.device_get(st.params), pm, jax.device_get(st2.params),
                   sm)
@@ -233,10 +233,10 @@ def test_head_backward_setting_reaches_the_policy_and_sft_steps(tied):
   out = {}
   for mode in ("autodiff", "fused"):
     opt = optax.sgd(1.0)
-    pol = ts.make_policy_step(model, opt, mesh, loss_cfg, micro_batches=2, logits_chunk=small,
+    pol = step_factories.make_policy_step(model, opt, mesh, loss_cfg, micro_batches=2, logits_chunk=small,
                               head_backward=mode)
     st, pm = pol(rl.create_train_state(model, opt, mesh, params=params), b, 8)
-    sft = ts.make_sft_step(model, opt, mesh, logits_chunk=small, head_backward=mode)
+    sft = step_factories.make_sft_step(model, opt, mesh, logits_chunk=small, head_backward=mode)
     st2, _ = sft(rl.create_train_state(model, opt, mesh, params=params), batch, 0)
     out[mode] = jax.device_get((st.params, st2.params)), float(pm["loss"])
   (pa, la), (pf, lf) = out["autodiff"], out["fused"]
@@ -248,7 +248,7 @@ def test_head_backward_setting_reaches_the_policy_and_sft_steps(tied):
     moved = max(moved, float(np.max(np.abs(np.asarray(c) - np.asarray(p0)))))
   assert moved > 1e-3                          # the steps did move the params
   with pytest.raises(ValueError, match="head_backward='fast'"):
-    ts.make_sft_step(model, optax.sgd(1.0), mesh, logits_chunk=small, head_backward="fast")(
+    step_factories.make_sft_step(model, optax.sgd(1.0), mesh, logits_chunk=small, head_backward="fast")(
         rl.create_train_state(model, optax.sgd(1.0), mesh, params=params), batch, 0)
 
 
@@ -267,9 +267,9 @@ def test_update_memory_does_not_grow_with_the_vocabulary():
     cfg = CFG.replace(vocab_size=vocab, hidden_size=16, intermediate_size=32, num_heads=2,
                       num_kv_heads=1)
     model = DecoderLM(cfg)
-    state = ts.abstract_train_state(model, opt, mesh)
+    state = optim_state.abstract_train_state(model, opt, mesh)
     for chunk in (0, 2 ** 20):
-      step = ts.make_policy_step(model, opt, mesh, rl.LossConfig.preset("dapo"),
+      step = step_factories.make_policy_step(model, opt, mesh, rl.LossConfig.preset("dapo"),
                                  logits_chunk=chunk)
       compiled = step.lower(state, batch, 0).compile()
       temps[vocab, chunk] = compiled.memory_analysis().temp_size_in_bytes

@@ -167,7 +167,7 @@ def test_sft_batches_split_the_whole_batch_by_token_budget():
     n, width = b["input_ids"].shape
     assert n % 2 == 0 and (n * width <= 40 or n == 2)
     assert not b["loss_mask"][:, :start + 1].any()
-  norms = rl.train_step._token_norms("token_mean", None)
+  norms = rl.update.token_norms("token_mean", None)
   assert norms.host([b["loss_mask"] for b, _ in parts]) == norms.host([whole[0][0]["loss_mask"]])
 
 

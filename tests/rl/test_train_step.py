@@ -110,7 +110,7 @@ def test_nonfinite_skip(setup, adamw_step):
     np.testing.assert_array_equal(a, b)
   state, metrics = step(state, batch)
   assert float(metrics["skipped"]) == 0.0 and int(state.step) == 2
-  assert int(rl.train_step.optimizer_count(state.opt_state)) == 1
+  assert int(rl.optim_state.optimizer_count(state.opt_state)) == 1
   moved = [np.abs(np.asarray(a) - b).max() for a, b in
            zip(jax.tree_util.tree_leaves(state.params), jax.tree_util.tree_leaves(before.params))]
   assert max(moved) > 0
