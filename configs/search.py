@@ -61,10 +61,10 @@ With N = 13.6M params (6N = 8.2e7 FLOP a token):
             3x with dynamic sampling's redraws); 40 x 200 RL decode steps (up to 24k with
             redraws) + 5 evaluations x 200 = 13k-29k decode steps at ~0.3 ms (bandwidth:
             0.03-0.37 ms as the KV cache grows to 0.7 GB): 4-9 s
-  compile   69 programs x 2.18 s = 150 s, cold (seeds 2 and 3 read them from the
+  compile   77 programs x 2.18 s = 168 s, cold (seeds 2 and 3 read them from the
             persistent compilation cache: on CPU 7 s for 101 s cold, docs/results/compile_cache/)
-That is ~158-163 s for a cold seed, over its 156 s share: the tool loop's context buckets make
-the most programs of the methods; seeds 2 and 3 read them back, so three seeds take ~175-190 s
+That is ~176-181 s for a cold seed, over its 156 s share: the tool loop's context buckets make
+the most programs of the methods; seeds 2 and 3 read them back, so three seeds take ~190-210 s
 and two cache reads. The rest is for host work (world, tokenizer, the retrieval index and
 MiniLM query encodings, the tool loop's parsing and observations, evaluations and baselines),
 which only a GPU run measures.
