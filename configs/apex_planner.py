@@ -43,18 +43,22 @@ GPU budget (':gpu'; assumptions, to be checked on a GPU): training FLOPs ~ 6 x p
 tokens, sampling ~ 2 x params x generated tokens; updates at 20% MFU of the H100's ~990 bf16
 TFLOP/s (198 TFLOP/s); a decode step bound by reading the weights (53 MB in float32) and the
 KV cache (4 KB a token) at ~2 TB/s, with a floor of 0.3 ms a step (a 4-layer step's kernel
-launches); ~40 s of compile per seed. With N = 13.3M params (vocabulary 1,472; 6N = 8.0e7 FLOP
-a token):
+launches); compile at 2.18 s a program, the H100's cold compile of the main job (91.4 s for its
+42 programs, docs/results/accelerator/), times the programs counted (`compile/count`) over a
+CPU run of the CPU default (120 SFT + 4 RL steps and both evaluations; the :gpu run's own
+count is the check; the model's 4 layers make the same graphs).
+With N = 13.3M params (vocabulary 1,472; 6N = 8.0e7 FLOP a token):
   SFT       200 steps x 16 rows x at most 128 tokens (padded) = 0.41M tokens: 3.3e13 FLOP, 0.2 s
   RL update 150 x 448 x 128 tokens = 8.6M tokens x (1 + 1/3 reference forward, kl_beta > 0):
             9.2e14 FLOP, 4.6 s
   sampling  2N x 150 x 448 x 64 new tokens = 1.1e14 FLOP; 150 x 64 RL + 4 evaluations x 4
             batches x 64 = 10.6k decode steps: 0.05-0.11 ms by bandwidth, so the 0.3 ms floor
             binds: 3.2 s
-  compile   ~40 s
-That is ~48 s of the 156 s a seed; the rest is for host work (world, tokenizer, SEPR's MiniLM
-encodings and Hungarian matchings of 448 plans a step, evaluations, checkpoints), which only a
-GPU run measures.
+  compile   63 programs x 2.18 s = 137 s, cold (seeds 2 and 3 read them from the
+            persistent compilation cache: on CPU 7 s for 101 s cold, docs/results/compile_cache/)
+That is ~145 s of the 156 s a seed (cold); the rest is for host work (world, tokenizer, SEPR's
+MiniLM encodings and Hungarian matchings of 448 plans a step, evaluations, checkpoints), which
+only a GPU run measures.
 
 Differences from the paper, with the reason:
   - Held-out SEPR ('paper'): the paper reports it on "the test set" (Fig. 4) without naming it;

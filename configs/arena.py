@@ -50,16 +50,21 @@ GPU budget (':gpu'; assumptions, to be checked on a GPU): training FLOPs ~ 6 x p
 tokens, sampling ~ 2 x params x generated tokens; updates at 20% MFU of the H100's ~990 bf16
 TFLOP/s (198 TFLOP/s); a decode step bound by reading the weights (54.5 MB in float32) and the
 KV cache (4 KB a token) at ~2 TB/s, with a floor of 0.3 ms a step (a 4-layer step's kernel
-launches); ~40 s of compile per seed. With N = 13.6M params (6N = 8.2e7 FLOP a token):
+launches); compile at 2.18 s a program, the H100's cold compile of the main job (91.4 s for its
+42 programs, docs/results/accelerator/), times the programs counted (`compile/count`) over a
+CPU run of the CPU default (120 SFT + 4 RL steps and both evaluations; the :gpu run's own
+count is the check; the model's 4 layers make the same graphs).
+With N = 13.6M params (6N = 8.2e7 FLOP a token):
   SFT       400 steps x 16 rows x 224 tokens (padded) = 1.43M tokens: 1.2e14 FLOP, 0.6 s
   RL update 60 x 448 x 256 tokens = 6.9M tokens x (1 + 1/3 reference forward, kl_beta > 0):
             7.5e14 FLOP, 3.8 s
   sampling  2N x 60 x 448 x 72 new tokens = 5.2e13 FLOP; 60 x 72 RL + 2 x 4 x 72 evaluation
             = 4.9k decode steps: 0.13-0.25 ms by bandwidth (weights + up to 0.43 GB of KV
             cache), so the 0.3 ms floor binds: 1.5 s
-  compile   ~40 s
-That is ~46 s of the 156 s a seed; the rest is for host work (world and tokenizer, reward
-parsing, evaluation, checkpoints and the HF export), which only a GPU run measures. By FLOPs
+  compile   55 programs x 2.18 s = 120 s, cold (seeds 2 and 3 read them from the
+            persistent compilation cache: on CPU 7 s for 101 s cold, docs/results/compile_cache/)
+That is ~126 s of the 156 s a seed (cold); the rest is for host work (world and tokenizer,
+reward parsing, evaluation, checkpoints and the HF export), which only a GPU run measures. By FLOPs
 alone a deeper model would fit; more layers are the first thing to add once that run shows
 the headroom.
 

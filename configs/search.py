@@ -49,7 +49,11 @@ GPU budget (':gpu'; assumptions, to be checked on a GPU): training FLOPs ~ 6 x p
 tokens, sampling ~ 2 x params x generated tokens; updates at 20% MFU of the H100's ~990 bf16
 TFLOP/s (198 TFLOP/s); a decode step bound by reading the weights (54.5 MB in float32) and the
 KV cache (4 KB a token) at ~2 TB/s, with a floor of 0.3 ms a step (a 4-layer step's kernel
-launches); ~40 s of compile per seed. With N = 13.6M params (6N = 8.2e7 FLOP a token):
+launches); compile at 2.18 s a program, the H100's cold compile of the main job (91.4 s for its
+42 programs, docs/results/accelerator/), times the programs counted (`compile/count`) over a
+CPU run of the CPU default (120 SFT + 4 RL steps and both evaluations; the :gpu run's own
+count is the check; the model's 4 layers make the same graphs).
+With N = 13.6M params (6N = 8.2e7 FLOP a token):
   SFT       600 steps x 16 rows x 256 tokens (padded) = 2.46M tokens: 2.0e14 FLOP, 1.0 s
   RL update 40 x 448 episodes x at most 384 tokens (tool.max_total_len) = 6.9M tokens, no
             reference forward (kl_beta 0): 5.6e14 FLOP, 2.8 s
@@ -57,10 +61,13 @@ launches); ~40 s of compile per seed. With N = 13.6M params (6N = 8.2e7 FLOP a t
             3x with dynamic sampling's redraws); 40 x 200 RL decode steps (up to 24k with
             redraws) + 5 evaluations x 200 = 13k-29k decode steps at ~0.3 ms (bandwidth:
             0.03-0.37 ms as the KV cache grows to 0.7 GB): 4-9 s
-  compile   ~40 s (the tool loop's context buckets make it more than the other methods')
-That is ~48-53 s of the 156 s a seed; the rest is for host work (world, tokenizer, the
-retrieval index and MiniLM query encodings, the tool loop's parsing and observations,
-evaluations and baselines), which only a GPU run measures.
+  compile   77 programs x 2.18 s = 168 s, cold (seeds 2 and 3 read them from the
+            persistent compilation cache: on CPU 7 s for 101 s cold, docs/results/compile_cache/)
+That is ~176-181 s for a cold seed, over its 156 s share: the tool loop's context buckets make
+the most programs of the methods; seeds 2 and 3 read them back, so three seeds take ~190-210 s
+and two cache reads. The rest is for host work (world, tokenizer, the retrieval index and
+MiniLM query encodings, the tool loop's parsing and observations, evaluations and baselines),
+which only a GPU run measures.
 
 Differences from the paper ('paper' and its ablations), with the reason:
   - Learning-rate schedule: constant. The paper names no schedule; its training framework's

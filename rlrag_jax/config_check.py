@@ -202,7 +202,7 @@ def shared_rules() -> dict:
   from rlrag_jax.data import world_text
   from rlrag_jax.models import config as model_config
   from rlrag_jax.retrieval import index
-  from rlrag_jax.rl import logprobs, train_step
+  from rlrag_jax.rl import logprobs, optim_state
   from rlrag_jax.sampling import cache_attention
   from rlrag_jax.rl.kl import KL_ESTIMATORS
   from rlrag_jax.rl.losses import AGGREGATIONS
@@ -252,12 +252,12 @@ def shared_rules() -> dict:
       "mesh.tensor": DEVICES,
       "distributed.num_processes": COUNT_OR_OFF,
       "distributed.process_id": at_least(-1),
-      # sft (rlrag_jax.training.stages, rlrag_jax.rl.train_step.OptimizerConfig)
+      # sft (rlrag_jax.training.stages, rlrag_jax.rl.optim_state.OptimizerConfig)
       "sft.steps": NON_NEGATIVE,
       "sft.epochs": NON_NEGATIVE,     # 0: off (sft.steps); both set: stages.resolve_steps
       "sft.batch_size": COUNT,
       "sft.lr": POSITIVE,
-      "sft.lr_schedule": OneOf(train_step.SCHEDULES),
+      "sft.lr_schedule": OneOf(optim_state.SCHEDULES),
       "sft.warmup_ratio": RATIO_BELOW_ONE,
       "sft.weight_decay": NON_NEGATIVE,
       "sft.max_len": COUNT,
@@ -280,7 +280,7 @@ def shared_rules() -> dict:
       "rl.top_p": Range(lo=0, hi=1, lo_open=True),
       "rl.max_new_tokens": COUNT,
       "rl.lr": POSITIVE,
-      "rl.lr_schedule": OneOf(train_step.SCHEDULES),
+      "rl.lr_schedule": OneOf(optim_state.SCHEDULES),
       "rl.warmup_ratio": RATIO_BELOW_ONE,
       "rl.weight_decay": NON_NEGATIVE,
       "rl.max_grad_norm": POSITIVE,

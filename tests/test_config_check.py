@@ -157,7 +157,7 @@ def test_rules_accept_and_reject(rule, good, bad):
 def test_enum_rules_agree_with_their_consumers():
   """Each allowed value passes the consuming code and a value the table rejects fails it."""
   from rlrag_jax.methods.sparkle import agent, prompts as sparkle_prompts
-  from rlrag_jax.rl import train_step as ts
+  from rlrag_jax.rl import optim_state, step_factories
   from rlrag_jax.training import learners
   import ml_collections
   table = config_check.rules_for("sparkle")
@@ -170,9 +170,9 @@ def test_enum_rules_agree_with_their_consumers():
     return True
 
   consumers = {
-      "rl.kl_estimator": lambda v: ts.LossConfig(kl_estimator=v),
-      "rl.aggregation": lambda v: ts.LossConfig(aggregation=v, max_completion_len=8),
-      "rl.lr_schedule": lambda v: ts.make_schedule(ts.OptimizerConfig(schedule=v)),
+      "rl.kl_estimator": lambda v: step_factories.LossConfig(kl_estimator=v),
+      "rl.aggregation": lambda v: step_factories.LossConfig(aggregation=v, max_completion_len=8),
+      "rl.lr_schedule": lambda v: optim_state.make_schedule(optim_state.OptimizerConfig(schedule=v)),
       "rl.algo": lambda v: learners.check_algo(ml_collections.ConfigDict(dict(algo=v))),
       "sparkle.agent.rd_mode": lambda v: agent.AgentConfig(rd_mode=v),
       "sparkle.agent.qf_mode": lambda v: agent.AgentConfig(qf_mode=v),

@@ -11,7 +11,7 @@ datasheet are left out, never guessed), section by section in this order:
                   jax's version and the datasheet peaks.
   memory          `bench.memory`'s ahead-of-time analysis of the update (vocab 151,936 and
                   32,000) and of the decode step, compiled for this device.
-  update          the trainer's RL update (`rl.train_step.make_policy_step`, GRPO with a
+  update          the trainer's RL update (`rl.step_factories.make_policy_step`, GRPO with a
                   reference log-prob input, AdamW over float32 master params, bf16 compute,
                   rematerialised blocks, chunked logits) at 64 sequences x 512 tokens: tokens/s,
                   model FLOPs utilisation against the datasheet bf16 peak and the measured
@@ -587,16 +587,17 @@ def _time_update(cfg, spec: dict, micro: int) -> dict:
   from rlrag_jax import rl
   from rlrag_jax.models import sharding as shd
   from rlrag_jax.models.decoder import DecoderLM
-  from rlrag_jax.rl import train_step as ts
+  from rlrag_jax.rl import optim_state, step_factories
   module = DecoderLM(cfg)
   mesh = shd.make_mesh(data=1, fsdp=-1, tensor=1, devices=jax.devices()[:1])
   n, t = spec["update_sequences"], spec["update_tokens"]
   start = t // 2 - 1
-  opt = ts.make_optimizer(ts.OptimizerConfig(lr=1e-6, total_steps=100))
+  opt = optim_state.make_optimizer(optim_state.OptimizerConfig(lr=1e-6, total_steps=100))
   state = rl.create_train_state(module, opt, mesh, rng=jax.random.PRNGKey(0))
-  step = ts.make_policy_step(module, opt, mesh, ts.LossConfig.preset("grpo"),
-                             micro_batches=micro)
-  logp = ts.make_logprob_fn(module, mesh, micro_batches=micro)
+  step = step_factories.make_policy_step(module, opt, mesh,
+                                         step_factories.LossConfig.preset("grpo"),
+                                         micro_batches=micro)
+  logp = step_factories.make_logprob_fn(module, mesh, micro_batches=micro)
   batch = shd.shard_batch(_update_batch(cfg, n, t), mesh)
   batch["ref_logp"] = logp(state.params, batch, start)
   c0 = time.perf_counter()

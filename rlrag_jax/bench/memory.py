@@ -13,7 +13,7 @@ hardware is owned: ahead-of-time compiles on abstract shapes (nothing allocated,
 Each compiled function is reported with XLA's memory analysis (arguments, outputs, temporaries:
 per device) and cost analysis (flops, bytes accessed: per device), beside an ideal:
 
-  update   the RL policy update of `rl.train_step.make_policy_step` (GRPO with a reference
+  update   the RL policy update of `rl.step_factories.make_policy_step` (GRPO with a reference
            log-prob input; `--algo ppo` adds the critic's value update, `update_critic`), as the
            trainer builds it: bf16 compute over float32 master params, AdamW, rematerialised
            blocks and key-blocked attention (`config_base.use_hf_model`), logits in chunks of
@@ -203,8 +203,8 @@ def _timed_compile(lowerable, *args):
 
 def budget_micro_batch(sequences: int, tokens: int, budget: int, shards: int) -> tuple:
   """(rows of the largest micro-batch, micro-batch count) the planner
-  (`rollout.batch.plan_micro_batches`) makes of `sequences` rows of `tokens` under `budget`."""
-  from rlrag_jax.rollout.batch import plan_micro_batches
+  (`rl.packing.plan_micro_batches`) makes of `sequences` rows of `tokens` under `budget`."""
+  from rlrag_jax.rl.packing import plan_micro_batches
   plan = plan_micro_batches([0] * sequences, [tokens] * sequences, budget, bucket=tokens,
                             shards=shards)
   return max(m.size for m in plan), len(plan)
@@ -224,12 +224,12 @@ def compile_update(cfg, mesh, sequences: int, tokens: int, *, micro_batches: int
   import jax.numpy as jnp
   from rlrag_jax.models import sharding as shd
   from rlrag_jax.models.decoder import DecoderLM, ValueLM
-  from rlrag_jax.rl import train_step as ts
+  from rlrag_jax.rl import optim_state, step_factories
   from rlrag_jax.rl.logprobs import DEFAULT_LOGITS_CHUNK
   chunk = DEFAULT_LOGITS_CHUNK if logits_chunk is None else int(logits_chunk)
   module = DecoderLM(cfg)
-  opt = ts.make_optimizer(ts.OptimizerConfig(lr=1e-6, total_steps=100))
-  state = ts.abstract_train_state(module, opt, mesh)
+  opt = optim_state.make_optimizer(optim_state.OptimizerConfig(lr=1e-6, total_steps=100))
+  state = optim_state.abstract_train_state(module, opt, mesh)
   bsh = shd.batch_sharding(mesh)
   i32, f32 = jnp.int32, jnp.float32
   batch = {"input_ids": jax.ShapeDtypeStruct((sequences, tokens), i32),
@@ -241,13 +241,13 @@ def compile_update(cfg, mesh, sequences: int, tokens: int, *, micro_batches: int
     batch["old_logp"] = jax.ShapeDtypeStruct((sequences, tokens), f32)
   batch["ref_logp"] = jax.ShapeDtypeStruct((sequences, tokens), f32)
   batch = _abstract(batch, bsh)
-  loss = ts.LossConfig.preset("grpo")
+  loss = step_factories.LossConfig.preset("grpo")
   devices = mesh.devices.size
   settings = dict(attention=cfg.attention, sequences=sequences, tokens=tokens,
                   micro_batches=micro_batches,
                   logits_chunk=chunk, vocab=cfg.vocab_size, logits_start=logits_start,
                   head_backward=head_backward)
-  step = ts.make_policy_step(module, opt, mesh, loss, micro_batches=micro_batches,
+  step = step_factories.make_policy_step(module, opt, mesh, loss, micro_batches=micro_batches,
                              logits_chunk=chunk, head_backward=head_backward)
   compiled, secs = _timed_compile(step, state, batch, logits_start)
   params_f32 = sum(int(x.size) for x in jax.tree_util.tree_leaves(state.params)) * 4
@@ -257,16 +257,16 @@ def compile_update(cfg, mesh, sequences: int, tokens: int, *, micro_batches: int
   rows = [_row("update", compiled, ideal, devices, compile_s=secs, **settings)]
   if algo == "ppo":
     vmod = ValueLM(cfg)
-    vopt = ts.make_optimizer(ts.OptimizerConfig(lr=1e-6, total_steps=100))
-    vstate = ts.abstract_train_state(vmod, vopt, mesh)
+    vopt = optim_state.make_optimizer(optim_state.OptimizerConfig(lr=1e-6, total_steps=100))
+    vstate = optim_state.abstract_train_state(vmod, vopt, mesh)
     vbatch = {k: batch[k] for k in ("input_ids", "attention_mask", "loss_mask")}
     vbatch["returns"] = batch["ref_logp"]
     vbatch["old_values"] = batch["ref_logp"]
-    vstep = ts.make_value_step(vmod, vopt, mesh, micro_batches=micro_batches)
+    vstep = step_factories.make_value_step(vmod, vopt, mesh, micro_batches=micro_batches)
     compiled, secs = _timed_compile(vstep, vstate, vbatch, 0)
     ideal = (_bytes(vstate) + _bytes(vbatch) + params_f32 + residual) / devices
     rows.append(_row("update_critic", compiled, ideal, devices, compile_s=secs, **settings))
-  fwd = ts.make_logprob_fn(module, mesh, micro_batches=micro_batches, logits_chunk=chunk)
+  fwd = step_factories.make_logprob_fn(module, mesh, micro_batches=micro_batches, logits_chunk=chunk)
   fbatch = {k: batch[k] for k in ("input_ids", "attention_mask")}
   compiled, secs = _timed_compile(fwd, state.params, fbatch, logits_start)
   ideal = (_bytes(state.params) + _bytes(fbatch)) / devices
@@ -283,14 +283,14 @@ def _compile_budget_update(cfg, mesh, sequences: int, tokens: int, *, budget: in
   import jax.numpy as jnp
   from rlrag_jax.models import sharding as shd
   from rlrag_jax.models.decoder import DecoderLM, ValueLM
-  from rlrag_jax.rl import train_step as ts
+  from rlrag_jax.rl import optim_state, step_factories
   from rlrag_jax.rl.logprobs import DEFAULT_LOGITS_CHUNK
   chunk = DEFAULT_LOGITS_CHUNK if logits_chunk is None else int(logits_chunk)
   rows, count = budget_micro_batch(sequences, tokens, budget,
                                    mesh.shape["data"] * mesh.shape["fsdp"])
   module = DecoderLM(cfg)
-  opt = ts.make_optimizer(ts.OptimizerConfig(lr=1e-6, total_steps=100))
-  state = ts.abstract_train_state(module, opt, mesh)
+  opt = optim_state.make_optimizer(optim_state.OptimizerConfig(lr=1e-6, total_steps=100))
+  state = optim_state.abstract_train_state(module, opt, mesh)
   bsh, rep = shd.batch_sharding(mesh), shd.replicated(mesh)
   i32, f32 = jnp.int32, jnp.float32
   mb = {"input_ids": jax.ShapeDtypeStruct((rows, tokens), i32),
@@ -305,6 +305,7 @@ def _compile_budget_update(cfg, mesh, sequences: int, tokens: int, *, budget: in
   norms = _abstract({"den": jax.ShapeDtypeStruct((), f32),
                      "tokens": jax.ShapeDtypeStruct((), f32)}, rep)
   scalar = jax.ShapeDtypeStruct((), f32, sharding=rep)
+  traced_start = jax.ShapeDtypeStruct((), jnp.int32, sharding=rep)
   devices = mesh.devices.size
   settings = dict(sequences=sequences, tokens=tokens, micro_batches=count, logits_chunk=chunk,
                   vocab=cfg.vocab_size, logits_start=logits_start,
@@ -318,11 +319,12 @@ def _compile_budget_update(cfg, mesh, sequences: int, tokens: int, *, budget: in
         lambda p: jax.ShapeDtypeStruct(p.shape, f32, sharding=p.sharding), st.params)
     sums = _abstract(step.abstract_sums(st.params, batch, start), rep)
     args = (st.params, grads, sums, scalar, batch, norms)
-    compiled, secs = _timed_compile(step.accumulate, *args, start)
+    # the start is traced (one program for any): its value only skips head chunks at run time
+    compiled, secs = _timed_compile(step.accumulate, *args, traced_start)
     ideal = (_bytes(args) + params_f32 + residual) / devices
     return _row(name, compiled, ideal, devices, compile_s=secs, **settings), grads, sums
 
-  policy = ts.make_policy_step(module, opt, mesh, ts.LossConfig.preset("grpo"),
+  policy = step_factories.make_policy_step(module, opt, mesh, step_factories.LossConfig.preset("grpo"),
                                logits_chunk=chunk, head_backward=head_backward)
   row, grads, sums = accumulate_row("update", policy, state, mb, logits_start)
   compiled, secs = _timed_compile(policy.apply, state, grads, sums, scalar, norms)
@@ -330,14 +332,14 @@ def _compile_budget_update(cfg, mesh, sequences: int, tokens: int, *, budget: in
                    compile_s=secs, **settings)]
   if algo == "ppo":
     vmod = ValueLM(cfg)
-    vopt = ts.make_optimizer(ts.OptimizerConfig(lr=1e-6, total_steps=100))
+    vopt = optim_state.make_optimizer(optim_state.OptimizerConfig(lr=1e-6, total_steps=100))
     vmb = {k: mb[k] for k in ("input_ids", "attention_mask", "loss_mask")}
     vmb["returns"] = vmb["old_values"] = mb["ref_logp"]
-    out.append(accumulate_row("update_critic", ts.make_value_step(vmod, vopt, mesh),
-                              ts.abstract_train_state(vmod, vopt, mesh), vmb, 0)[0])
-  fwd = ts.make_logprob_fn(module, mesh, logits_chunk=chunk)
+    out.append(accumulate_row("update_critic", step_factories.make_value_step(vmod, vopt, mesh),
+                              optim_state.abstract_train_state(vmod, vopt, mesh), vmb, 0)[0])
+  fwd = step_factories.make_logprob_fn(module, mesh, logits_chunk=chunk)
   fbatch = {k: mb[k] for k in ("input_ids", "attention_mask")}
-  compiled, secs = _timed_compile(fwd, state.params, fbatch, logits_start)
+  compiled, secs = _timed_compile(fwd.traced, state.params, fbatch, traced_start)
   out.append(_row("logprob", compiled, (_bytes(state.params) + _bytes(fbatch)) / devices,
                   devices, compile_s=secs, **settings))
   return out

@@ -146,7 +146,7 @@ def bench_ours(ckpt: pathlib.Path, prompts: list, shape: Shape, steps: int, warm
   from rlrag_jax import trainer
   from rlrag_jax.models import load_hf, sharding
   from rlrag_jax.rl import group_advantages
-  from rlrag_jax.rollout.batch import logits_start, pack
+  from rlrag_jax.rl.packing import logits_start, pack
   from rlrag_jax.rollout.policy import Policy
   from rlrag_jax.rollout.single_turn import single_turn
   from rlrag_jax.sampling import sampler

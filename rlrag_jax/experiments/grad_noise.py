@@ -118,9 +118,9 @@ def noise_stats(sum_norm_sq: float, sum_of_norms_sq: float, k: int) -> dict:
 def _sgd_state(module, mesh, params):
   """A train state whose optimiser is plain SGD with step 1: new params = params - grad."""
   import optax
-  from rlrag_jax.rl import train_step as ts
+  from rlrag_jax.rl import optim_state
   opt = optax.sgd(1.0)
-  return opt, ts.create_train_state(module, opt, mesh, params=params)
+  return opt, optim_state.create_train_state(module, opt, mesh, params=params)
 
 
 def _copy(tree):
@@ -187,7 +187,7 @@ class Probe:
   def __init__(self, config, lm, pad_id: int, with_sft: bool = True):
     from rlrag_jax.models import DecoderLM
     from rlrag_jax.models.sharding import make_mesh
-    from rlrag_jax.rl import train_step as ts
+    from rlrag_jax.rl import step_factories
     from rlrag_jax.training import learners
     from rlrag_jax.training.steps import policy_loss_config
     rl = config.rl
@@ -197,14 +197,14 @@ class Probe:
     self.loss_cfg = policy_loss_config(rl, beta=0.0)
     opt, self.state = _sgd_state(self.module, self.mesh, lm.params)
     chunk = int(rl.logits_chunk)
-    rl_step = ts.make_policy_step(self.module, opt, self.mesh, self.loss_cfg,
+    rl_step = step_factories.make_policy_step(self.module, opt, self.mesh, self.loss_cfg,
                                   micro_batches=learners.equal_micro_batches(rl),
                                   logits_chunk=chunk, head_backward=rl.head_backward)
-    logp = ts.make_logprob_fn(self.module, self.mesh, temperature=rl.temperature,
+    logp = step_factories.make_logprob_fn(self.module, self.mesh, temperature=rl.temperature,
                               micro_batches=learners.equal_micro_batches(rl), logits_chunk=chunk)
     self.learner = learners.make_learner(config, _Steps(rl_step, logp), self.mesh, lm.config,
                                          self.pad)
-    self.sft_step = (ts.make_sft_step(self.module, opt, self.mesh,
+    self.sft_step = (step_factories.make_sft_step(self.module, opt, self.mesh,
                                       logits_chunk=int(config.sft.logits_chunk),
                                       head_backward=config.sft.head_backward)
                      if with_sft else None)
@@ -215,7 +215,7 @@ class Probe:
   def sft_gradient(self, prompts, targets, masks=None):
     """The gradient of the SFT loss (target tokens, token mean) on these rows."""
     from rlrag_jax.models import sharding
-    from rlrag_jax.rollout.batch import logits_start, pack
+    from rlrag_jax.rl.packing import logits_start, pack
     sft = self.config.sft
     batch = pack(prompts, targets, masks, pad_id=self.pad, max_len=sft.max_len,
                  bucket=sft.pack_bucket)

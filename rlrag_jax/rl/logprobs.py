@@ -60,7 +60,7 @@ def predicted_logprobs(pred: Array, input_ids: Array, with_entropy: bool = False
   A model that projects only those positions onto the vocabulary skips the slice of the full
   [B, T, V] logits, and with it a full-size copy in the backward pass (the slice's transpose
   pads the logits gradient back to T columns before the head's weight gradient). With
-  `start > 0` (see `rollout.batch.logits_start`) the prompt's positions are skipped too: the
+  `start > 0` (see `rl.packing.logits_start`) the prompt's positions are skipped too: the
   outputs are still [B, T], with 0 at positions 0..start, which no target there may need.
   The entropy carries no gradient unless `entropy_grad` (an entropy bonus in the loss).
   """
@@ -189,7 +189,8 @@ fused_head_stats.defvjp(_fused_fwd, _fused_bwd)
 def chunked_head_logprobs(h: Array, head: Array, targets: Array, *, chunk: int,
                           transposed: bool = False, temperature: float = 1.0,
                           with_entropy: bool = False, entropy_grad: bool = False,
-                          with_hits: bool = False, fused: bool = False) -> dict:
+                          with_hits: bool = False, fused: bool = False,
+                          first=None) -> dict:
   """Per-token log-probs (and entropies, greedy hits) of `targets` under the LM head, without
   ever holding the [B, N, V] logits.
 
@@ -206,6 +207,10 @@ def chunked_head_logprobs(h: Array, head: Array, targets: Array, *, chunk: int,
       logits, one elementwise pass over them) instead of autodiff's; not with `entropy_grad`.
       Equal to autodiff's gradients up to rounding, which is why the float32 CPU defaults keep
       autodiff's exact sums (`use_fused_backward`: `rl.head_backward` 'auto').
+    first: None, or a traced int32 scalar: the first position whose statistics are needed.
+      A chunk that ends before it is skipped at run time (`lax.cond`), its outputs 0 and its
+      gradients nothing, so one program serves every `first` (the token-budget update's
+      logits start) at the cost of at most one chunk more than a window cut at `first`.
 
   Returns {'lp': [B, N] f32, 'ent': [B, N] (with_entropy), 'hit': [B, N] (with_hits)}; the
   entropy carries no gradient unless `entropy_grad`.
@@ -229,21 +234,42 @@ def chunked_head_logprobs(h: Array, head: Array, targets: Array, *, chunk: int,
   hs = jnp.pad(h, ((0, 0), (0, pad), (0, 0))).reshape(b, chunks, c, e)
   ts = jnp.pad(targets, ((0, 0), (0, pad))).reshape(b, chunks, c)
   hs, ts = jnp.swapaxes(hs, 0, 1), jnp.swapaxes(ts, 0, 1)                # [chunks, B, c, ...]
+  # chunk j holds positions j c .. j c + c - 1: needed when its last one is >= first
+  live = None if first is None else (jnp.arange(chunks) * c + c - 1) >= first   # [chunks]
+  spec = _ChunkSpec(transposed, float(temperature), with_entropy, entropy_grad, with_hits, fused)
+  out = _scan_chunks(hs, head, ts, stats, spec, live)
+  # [chunks, B, c] -> [B, N]
+  return {k: jnp.swapaxes(v, 0, 1).reshape(b, chunks * c)[:, :n] for k, v in out.items()}
+
+
+def _scan_chunks(hs: Array, head: Array, ts: Array, stats, spec, live) -> dict:
+  """`stats(hc, head, tc)` of every chunk of hs [chunks, B, c, E] and ts [chunks, B, c] (the
+  `live` ones only, when given), as {name: [chunks, B, c]}."""
   if jnp.dtype(head.dtype) != jnp.float32:
     # Reduced precision: autodiff of the scan below sums the head's gradient over the chunks in
     # the head's dtype, so bf16 rounding piles up with the chunk count (a relative error of
     # ~1e-2 at 512 chunks against ~2e-3 unchunked); this scan carries it in float32 instead.
-    out = _scan_f32_head_grad(hs, head, ts, _ChunkSpec(
-        transposed, float(temperature), with_entropy, entropy_grad, with_hits, fused))
-  else:
-    # The fused backward recomputes its logits itself and keeps only [B, C] of its forward.
-    body = (lambda w, hc, tc: stats(hc, w, tc)) if fused else \
-        jax.checkpoint(lambda w, hc, tc: stats(hc, w, tc))
-    # `head` is a constant of the scan (not a carry): JAX hoists loop-invariant residuals, so
-    # the backward pass reads the one weight instead of a copy per chunk.
-    _, out = jax.lax.scan(lambda _, xs: (None, body(head, *xs)), None, (hs, ts))
-  # [chunks, B, c] -> [B, N]
-  return {k: jnp.swapaxes(v, 0, 1).reshape(b, chunks * c)[:, :n] for k, v in out.items()}
+    return _scan_f32_head_grad(hs, head, ts, spec, live)
+  # The fused backward recomputes its logits itself and keeps only [B, C] of its forward.
+  body = (lambda w, hc, tc: stats(hc, w, tc)) if spec.fused else \
+      jax.checkpoint(lambda w, hc, tc: stats(hc, w, tc))
+  if live is not None:
+    body = _skippable(body, jax.eval_shape(body, head, hs[0], ts[0]))
+  xs = (hs, ts) if live is None else (hs, ts, live)
+  # `head` is a constant of the scan (not a carry): JAX hoists loop-invariant residuals, so
+  # the backward pass reads the one weight instead of a copy per chunk.
+  _, out = jax.lax.scan(lambda _, x: (None, body(head, *x)), None, xs)
+  return out
+
+
+def _skippable(body, shapes):
+  """`body(w, hc, tc)` run only where its chunk is live: zeros of `shapes` (and no gradient)
+  for a chunk before the first needed position."""
+  def run(w, hc, tc, live):
+    zeros = lambda w, hc, tc: jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype),
+                                                     shapes)
+    return jax.lax.cond(live, body, zeros, w, hc, tc)
+  return run
 
 
 # ------------------------------------------------------------------ float32 head-gradient sum
@@ -273,29 +299,39 @@ def _stats_from_logits(logits: Array, targets: Array, spec: _ChunkSpec) -> dict:
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
-def _scan_f32_head_grad(hs: Array, head: Array, ts: Array, spec: _ChunkSpec) -> dict:
+def _scan_f32_head_grad(hs: Array, head: Array, ts: Array, spec: _ChunkSpec,
+                        live=None) -> dict:
   """`chunked_head_logprobs`' chunk scan over hs [chunks, B, c, E] and ts [chunks, B, c] with a
   backward pass that sums the head's gradient over the chunks in a float32 carry and casts it
   to `head`'s dtype once at the end, as MaxText's vocabulary tiling and Liger's fused linear
   cross-entropy do. Each chunk's backward recomputes its logits (as `jax.checkpoint` would):
   the log-prob's gradient is (onehot - softmax) * g / temperature with `spec.fused`, else
   autodiff's (which also carries an entropy bonus's gradient, `spec.entropy_grad`); it is cast
-  to the compute dtype for the two GEMMs, which accumulate in float32."""
-  return _scan_f32_fwd(hs, head, ts, spec)[0]
+  to the compute dtype for the two GEMMs, which accumulate in float32. `live` [chunks] (or
+  None: all): the chunks to run; the others give zeros, forward and backward."""
+  return _scan_f32_fwd(hs, head, ts, spec, live)[0]
 
 
-def _scan_f32_fwd(hs, head, ts, spec):
+def _scan_f32_fwd(hs, head, ts, spec, live=None):
+  def chunk(hc, tc):
+    return _stats_from_logits(_head_logits(hc, head, spec.transposed, spec.temperature), tc,
+                              spec)
+
   def step(_, xs):
-    hc, tc = xs
-    out, lse = _stats_from_logits(_head_logits(hc, head, spec.transposed, spec.temperature),
-                                  tc, spec)
-    return None, (out, lse)
-  _, (out, lses) = jax.lax.scan(step, None, (hs, ts))
-  return out, (hs, head, ts, lses)
+    if live is None:
+      return None, chunk(*xs)
+    hc, tc, on = xs
+    shapes = jax.eval_shape(chunk, hc, tc)
+    zeros = lambda hc, tc: jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype),
+                                                  shapes)
+    return None, jax.lax.cond(on, chunk, zeros, hc, tc)
+  xs = (hs, ts) if live is None else (hs, ts, live)
+  _, (out, lses) = jax.lax.scan(step, None, xs)
+  return out, (hs, head, ts, lses, live)
 
 
 def _scan_f32_bwd(spec, res, g):
-  hs, head, ts, lses = res
+  hs, head, ts, lses, live = res
   temp = spec.temperature
   dh_spec, dw_spec = ("bcv,ve->bce", "bce,bcv->ve") if spec.transposed else \
       ("bcv,ev->bce", "bce,bcv->ev")
@@ -320,9 +356,15 @@ def _scan_f32_bwd(spec, res, g):
     dw = dw + jnp.einsum(dw_spec, hc, draw, preferred_element_type=jnp.float32)
     return dw, dh
 
-  dw, dhs = jax.lax.scan(step, jnp.zeros(head.shape, jnp.float32),
-                         (hs, ts, lses, g["lp"], g_ent))
-  return dhs, dw.astype(head.dtype), None
+  def skippable(dw, xs):
+    *xs, on = xs
+    return jax.lax.cond(on, step, lambda dw, xs: (dw, jnp.zeros_like(xs[0])), dw, tuple(xs))
+
+  xs = (hs, ts, lses, g["lp"], g_ent)
+  dw, dhs = jax.lax.scan(step if live is None else skippable,
+                         jnp.zeros(head.shape, jnp.float32),
+                         xs if live is None else xs + (live,))
+  return dhs, dw.astype(head.dtype), None, None
 
 
 _scan_f32_head_grad.defvjp(_scan_f32_fwd, _scan_f32_bwd)

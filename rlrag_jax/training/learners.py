@@ -23,13 +23,16 @@ policy (and critic) updates.
 
 Both pack the episodes into one token batch, compute the sampling policy's log-probs when updates
 are more than one (mu > 1 or mini-batches), the reference log-probs when the KL term is on, and
-call the jitted, sharded update steps of `rl.train_step`.
+call the jitted, sharded update steps of `rl.step_factories`.
 
 With `rl.tokens_per_micro_batch` > 0 no whole batch reaches the device: the episodes (PPO: each
 mini-batch's) are planned into length-sorted micro-batches of at most that many padded tokens
-(`rollout.batch.plan_micro_batches`), each packed at its own width; the log-prob and value
-forwards run per micro-batch, and one update accumulates them (`UpdateStep.accumulated`), with
-the whole batch's loss normalisers, so it equals the one-batch update. mu > 1 repeats the plan.
+(`rl.packing.plan_micro_batches`), each packed at its own width and padded with zero rows to
+that width's one row count; the log-prob and value forwards run per micro-batch, and one
+update accumulates them (`UpdateStep.accumulated`), with the whole batch's loss normalisers, so
+it equals the one-batch update. mu > 1 repeats the plan. The logits start reaches those jits
+traced (`Forward.any_start`, `UpdateStep.accumulate`), so a run compiles each of them once per
+width bucket (`rl.packing.width_buckets`), whatever lengths its steps meet.
 """
 from __future__ import annotations
 
@@ -44,12 +47,12 @@ from rlrag_jax.models import ValueLM, value_params_from_policy
 from rlrag_jax.models import sharding
 from rlrag_jax.rl import advantages as adv_lib
 from rlrag_jax.rl import losses
-from rlrag_jax.rl import train_step as ts
+from rlrag_jax.rl import optim_state, step_factories
 from rlrag_jax.rl.batching import (ALGOS, OUTCOME_ALGOS, check_algo, episode_unit,  # noqa: F401
                                     equal_micro_batches, mini_batch_size, token_budget)
 from rlrag_jax.rl.batching import mini_batches as _mini_batches
-from rlrag_jax.rollout.batch import (logits_start, pack, pack_micro_batch, plan_micro_batches,
-                                     put_rows, take_rows)
+from rlrag_jax.rl.packing import (logits_start, pack, pack_micro_batch, plan_micro_batches,
+                                   put_rows, take_rows)
 
 CRITICS = ("separate", "head", "tree_mc")
 # rl.kl_form: where rl.kl_beta's KL(policy || ref) acts: 'loss' (a term of the policy loss,
@@ -78,7 +81,7 @@ def schedule_by_rl_step(rl) -> bool:
   """Whether the RL lr schedules (policy and critic) are indexed by RL steps rather than by
   updates: with rl.ppo.mini_batch_size > 0 a step's update count follows its episode count,
   which a tree rollout varies, so no update count fixes the schedule's length in advance;
-  every update of a step then takes the step's lr (`train_step.advance_rl_step`)."""
+  every update of a step then takes the step's lr (`optim_state.advance_rl_step`)."""
   return mini_batch_size(rl) > 0
 
 
@@ -95,7 +98,7 @@ def shard_count(mesh) -> int:
 
 
 def plan_episodes(episodes, rows, budget: int, bucket: int, mesh) -> list:
-  """Token-budget micro-batches (`rollout.batch.MicroBatch`) of episodes[rows]; their `rows`
+  """Token-budget micro-batches (`rl.packing.MicroBatch`) of episodes[rows]; their `rows`
   index `episodes`."""
   rows = np.asarray(rows, np.int64)
   plan = plan_micro_batches([len(episodes[i].prompt_ids) for i in rows],
@@ -174,9 +177,9 @@ class OutcomeLearner:
       start = logits_start(host["loss_mask"], rl.pack_bucket)
       batch = sharding.shard_batch(host, self.mesh)
       if rl.mu > 1:
-        batch["old_logp"] = self.steps.logp(state.params, batch, start)
+        batch["old_logp"] = self.steps.logp.any_start(state.params, batch, start)
       if self.steps.with_ref:
-        batch["ref_logp"] = self.steps.logp(ref_params, batch, start)
+        batch["ref_logp"] = self.steps.logp.any_start(ref_params, batch, start)
       parts.append((batch, start))
     for _ in range(rl.mu):
       state, m = self.steps.rl_step.accumulated(state, parts)
@@ -244,7 +247,7 @@ class ValueModelCritic(Critic):
     self.mesh, self.lam = mesh, float(rl.ppo.lam)
     self.shared = rl.ppo.critic == "head"
     self.module = ValueLM(model_cfg)
-    self.opt = ts.make_optimizer(ts.OptimizerConfig(
+    self.opt = optim_state.make_optimizer(optim_state.OptimizerConfig(
         lr=rl.ppo.vf_lr, schedule=rl.lr_schedule, warmup_ratio=rl.warmup_ratio,
         total_steps=schedule_length(rl, config.rl.steps),
         weight_decay=rl.weight_decay, max_grad_norm=rl.max_grad_norm),
@@ -257,11 +260,11 @@ class ValueModelCritic(Critic):
           {"model": label(shapes["model"], "frozen"),
            "value_head": label(shapes["value_head"], "head")})
     clip = float(rl.ppo.vf_clip)
-    self.value_step = ts.make_value_step(
+    self.value_step = step_factories.make_value_step(
         self.module, self.opt, mesh, clip_eps=clip if clip > 0 else None,
         aggregation=rl.aggregation, max_len=rl.max_new_tokens,
         micro_batches=equal_micro_batches(rl))
-    self.value_fn = ts.make_value_fn(self.module, mesh, micro_batches=equal_micro_batches(rl))
+    self.value_fn = step_factories.make_value_fn(self.module, mesh, micro_batches=equal_micro_batches(rl))
     self.hidden = model_cfg.hidden_size
     self.param_dtype = model_cfg.params_dtype
 
@@ -270,10 +273,10 @@ class ValueModelCritic(Critic):
     head = {"kernel": (0.02 * jax.random.normal(key, (self.hidden, 1))).astype(self.param_dtype),
             "bias": jnp.zeros((1,), self.param_dtype)}
     params = value_params_from_policy(jax.device_get(policy_params), {"value_head": head})
-    return ts.create_train_state(self.module, self.opt, self.mesh, params=params)
+    return optim_state.create_train_state(self.module, self.opt, self.mesh, params=params)
 
   def abstract(self):
-    return ts.abstract_train_state(self.module, self.opt, self.mesh)
+    return optim_state.abstract_train_state(self.module, self.opt, self.mesh)
 
   def for_step(self, critic, policy_params):
     """'head': the critic's backbone becomes a copy of the policy's current one (a copy: the
@@ -307,7 +310,7 @@ class ValueModelCritic(Critic):
   def advance(self, critic):
     if critic is None:
       return None
-    return critic.replace(opt_state=ts.advance_rl_step(critic.opt_state))
+    return critic.replace(opt_state=optim_state.advance_rl_step(critic.opt_state))
 
 
 class TreeMCCritic(Critic):
@@ -410,7 +413,7 @@ class PPOLearner:
     if mini_batch_size(rl):
       metrics["updates"] = float(int(rl.mu) * mini)
     if schedule_by_rl_step(rl):          # the next step's updates take the next step's lr
-      state = state.replace(opt_state=ts.advance_rl_step(state.opt_state))
+      state = state.replace(opt_state=optim_state.advance_rl_step(state.opt_state))
       critic = self.vf.advance(critic)
     return state, critic, metrics
 
@@ -434,7 +437,7 @@ class PPOLearner:
                       logits_start(b["loss_mask"], rl.pack_bucket)))
       out = np.zeros(host["input_ids"].shape, np.float32)
       for mb, batch, s in fwd:
-        put_rows(out, fn(params, batch, s), p_len, mb)
+        put_rows(out, fn.any_start(params, batch, s), p_len, mb)
       return out
     return forward
 

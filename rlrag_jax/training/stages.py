@@ -31,8 +31,8 @@ from rlrag_jax import judge, runlog
 from rlrag_jax.config_base import stage_runs
 from rlrag_jax.data.pipeline import BatchIterator
 from rlrag_jax.models import sharding
-from rlrag_jax.rollout.batch import (logits_start, pack, pack_micro_batch, packed_lengths,
-                                     plan_micro_batches)
+from rlrag_jax.rl.packing import (logits_start, pack, pack_micro_batch, packed_lengths,
+                                   plan_micro_batches)
 from rlrag_jax.training import collection, early_stop, learners, report
 
 log = logging.getLogger("rlrag_jax.trainer")
@@ -199,7 +199,7 @@ def sft_rows(task, items) -> tuple:
 def sft_batches(prompts, targets, masks, sft, pad_id: int, shards: int) -> list:
   """One SFT step's host batches [(batch, logits_start)]: the whole batch, or with
   `sft.tokens_per_micro_batch` its length-sorted micro-batches of at most that many padded
-  tokens (`rollout.batch.plan_micro_batches`), rows padded to a multiple of `shards`."""
+  tokens (`rl.packing.plan_micro_batches`), rows padded to a multiple of `shards`."""
   packing = dict(pad_id=pad_id, max_len=sft.max_len, bucket=sft.pack_bucket,
                  prompt_loss=sft.prompt_loss)
   budget = learners.token_budget(sft)

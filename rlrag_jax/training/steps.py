@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 
 from rlrag_jax.models import DecoderLM, ModelConfig, init_params, load_hf
+from rlrag_jax.rl import optim_state, step_factories
 from rlrag_jax.training import learners
 
 log = logging.getLogger("rlrag_jax.trainer")
@@ -68,9 +69,8 @@ def _round_vocab(n: int, multiple: int = 64) -> int:
 
 # ------------------------------------------------------------------------------------ steps
 def policy_loss_config(rl, **overrides):
-  """The policy loss of config section `rl` (`rl.train_step.LossConfig`); `overrides` replace
+  """The policy loss of config section `rl` (`rl.step_factories.LossConfig`); `overrides` replace
   fields (e.g. beta=0.0)."""
-  from rlrag_jax.rl import train_step as ts
   fields = dict(
       eps_low=rl.clip_eps_low, eps_high=rl.clip_eps_high, dual_clip=rl.dual_clip or None,
       aggregation=rl.aggregation, max_completion_len=rl.max_new_tokens,
@@ -78,50 +78,48 @@ def policy_loss_config(rl, **overrides):
       beta=rl.kl_beta if learners.kl_form(rl) == "loss" else 0.0,
       kl_estimator=rl.kl_estimator, temperature=rl.temperature,
       entropy_coef=float(rl.entropy_coef))
-  return ts.LossConfig(**{**fields, **overrides})
+  return step_factories.LossConfig(**{**fields, **overrides})
 
 
 class Steps:
   """The jitted pieces the loop calls, built once: SFT update, RL update, log-prob forward."""
 
   def __init__(self, config, model_cfg: ModelConfig, mesh, sft_total: int, rl_total: int):
-    from rlrag_jax.rl import train_step as ts
-    self.ts = ts
     self.module = DecoderLM(model_cfg)
     self.mesh = mesh
     rl = config.rl
-    self.sft_opt = ts.make_optimizer(ts.OptimizerConfig(
+    self.sft_opt = optim_state.make_optimizer(optim_state.OptimizerConfig(
         lr=config.sft.lr, schedule=config.sft.lr_schedule, warmup_ratio=config.sft.warmup_ratio,
         total_steps=max(sft_total, 2),
         weight_decay=config.sft.weight_decay, max_grad_norm=1.0))
-    self.rl_opt = ts.make_optimizer(ts.OptimizerConfig(
+    self.rl_opt = optim_state.make_optimizer(optim_state.OptimizerConfig(
         lr=rl.lr, schedule=rl.lr_schedule, warmup_ratio=rl.warmup_ratio,
         total_steps=learners.schedule_length(rl, rl_total),
         weight_decay=rl.weight_decay, max_grad_norm=rl.max_grad_norm),
         by_rl_step=learners.schedule_by_rl_step(rl))
     self.loss_cfg = policy_loss_config(rl)
     # With a token budget the host packs the micro-batches (`accumulated`): no equal splits.
-    self.sft_step = ts.make_sft_step(self.module, self.sft_opt, mesh,
+    self.sft_step = step_factories.make_sft_step(self.module, self.sft_opt, mesh,
                                      micro_batches=learners.equal_micro_batches(config.sft),
                                      logits_chunk=int(config.sft.logits_chunk),
                                      head_backward=config.sft.head_backward)
-    self.rl_step = ts.make_policy_step(self.module, self.rl_opt, mesh, self.loss_cfg,
+    self.rl_step = step_factories.make_policy_step(self.module, self.rl_opt, mesh, self.loss_cfg,
                                        micro_batches=learners.equal_micro_batches(rl),
                                        logits_chunk=int(rl.logits_chunk),
                                        head_backward=rl.head_backward)
-    self.logp = ts.make_logprob_fn(self.module, mesh, temperature=rl.temperature,
+    self.logp = step_factories.make_logprob_fn(self.module, mesh, temperature=rl.temperature,
                                    micro_batches=learners.equal_micro_batches(rl),
                                    logits_chunk=int(rl.logits_chunk))
     self.with_ref = rl.kl_beta > 0        # the KL loss term or reward needs the reference
 
   def new_state(self, params, stage: str):
     opt = self.sft_opt if stage == "sft" else self.rl_opt
-    return self.ts.create_train_state(self.module, opt, self.mesh, params=params)
+    return optim_state.create_train_state(self.module, opt, self.mesh, params=params)
 
   def checkpoint_target(self, critic=None):
     """The saved pytree's abstract shape (with shardings), so restores land sharded; `critic`:
     the learner's abstract critic state, for RL-stage checkpoints of a run with a critic."""
-    target = {"train": self.ts.abstract_train_state(self.module, self.rl_opt, self.mesh)}
+    target = {"train": optim_state.abstract_train_state(self.module, self.rl_opt, self.mesh)}
     if self.with_ref:
       target["ref"] = target["train"].params
     if critic is not None:

@@ -11,7 +11,7 @@ from rlrag_jax.models import sharding as shd
 from rlrag_jax.models.config import ModelConfig
 from rlrag_jax.models.decoder import DecoderLM, init_params
 from rlrag_jax.rl import logprobs as lp_lib
-from rlrag_jax.rl import train_step as ts
+from rlrag_jax.rl import optim_state, step_factories
 
 V = 256
 
@@ -195,13 +195,13 @@ def test_update_steps_equal_with_and_without_chunks(tied):
   small = 2 * 3 * V                          # micro-batch of 2 rows x 3 positions x vocab
   out = {}
   for chunk in (0, small):
-    logp = ts.make_logprob_fn(model, mesh, temperature=0.8, micro_batches=2,
+    logp = step_factories.make_logprob_fn(model, mesh, temperature=0.8, micro_batches=2,
                               logits_chunk=chunk)(params, batch, 8)
     b = dict(batch, ref_logp=np.asarray(logp) - 0.05, old_logp=np.asarray(logp) + 0.02)
     opt = optax.sgd(1.0)
-    pol = ts.make_policy_step(model, opt, mesh, loss_cfg, micro_batches=2, logits_chunk=chunk)
+    pol = step_factories.make_policy_step(model, opt, mesh, loss_cfg, micro_batches=2, logits_chunk=chunk)
     st, pm = pol(rl.create_train_state(model, opt, mesh, params=params), b, 8)
-    sft = ts.make_sft_step(model, opt, mesh, micro_batches=2, logits_chunk=chunk)
+    sft = step_factories.make_sft_step(model, opt, mesh, micro_batches=2, logits_chunk=chunk)
     st2, sm = sft(rl.create_train_state(model, opt, mesh, params=params), batch, 0)
     out[chunk] = (np.asarray(logp), jax.device_get(st.params), pm, jax.device_get(st2.params),
                   sm)
@@ -233,10 +233,10 @@ def test_head_backward_setting_reaches_the_policy_and_sft_steps(tied):
   out = {}
   for mode in ("autodiff", "fused"):
     opt = optax.sgd(1.0)
-    pol = ts.make_policy_step(model, opt, mesh, loss_cfg, micro_batches=2, logits_chunk=small,
+    pol = step_factories.make_policy_step(model, opt, mesh, loss_cfg, micro_batches=2, logits_chunk=small,
                               head_backward=mode)
     st, pm = pol(rl.create_train_state(model, opt, mesh, params=params), b, 8)
-    sft = ts.make_sft_step(model, opt, mesh, logits_chunk=small, head_backward=mode)
+    sft = step_factories.make_sft_step(model, opt, mesh, logits_chunk=small, head_backward=mode)
     st2, _ = sft(rl.create_train_state(model, opt, mesh, params=params), batch, 0)
     out[mode] = jax.device_get((st.params, st2.params)), float(pm["loss"])
   (pa, la), (pf, lf) = out["autodiff"], out["fused"]
@@ -248,7 +248,7 @@ def test_head_backward_setting_reaches_the_policy_and_sft_steps(tied):
     moved = max(moved, float(np.max(np.abs(np.asarray(c) - np.asarray(p0)))))
   assert moved > 1e-3                          # the steps did move the params
   with pytest.raises(ValueError, match="head_backward='fast'"):
-    ts.make_sft_step(model, optax.sgd(1.0), mesh, logits_chunk=small, head_backward="fast")(
+    step_factories.make_sft_step(model, optax.sgd(1.0), mesh, logits_chunk=small, head_backward="fast")(
         rl.create_train_state(model, optax.sgd(1.0), mesh, params=params), batch, 0)
 
 
@@ -267,12 +267,52 @@ def test_update_memory_does_not_grow_with_the_vocabulary():
     cfg = CFG.replace(vocab_size=vocab, hidden_size=16, intermediate_size=32, num_heads=2,
                       num_kv_heads=1)
     model = DecoderLM(cfg)
-    state = ts.abstract_train_state(model, opt, mesh)
+    state = optim_state.abstract_train_state(model, opt, mesh)
     for chunk in (0, 2 ** 20):
-      step = ts.make_policy_step(model, opt, mesh, rl.LossConfig.preset("dapo"),
+      step = step_factories.make_policy_step(model, opt, mesh, rl.LossConfig.preset("dapo"),
                                  logits_chunk=chunk)
       compiled = step.lower(state, batch, 0).compile()
       temps[vocab, chunk] = compiled.memory_analysis().temp_size_in_bytes
   logits = lambda vocab: b * t * vocab * 4
   assert temps[16384, 0] - temps[1024, 0] > logits(16384) - logits(1024), temps
   assert temps[16384, 2 ** 20] - temps[1024, 2 ** 20] < logits(16384) / 4, temps
+
+
+@pytest.mark.parametrize("mode", ["autodiff", "fused", "bf16"])
+def test_traced_first_skips_chunks_and_equals_the_window_cut_there(mode):
+  """`first` (traced, one program for any value) against the window cut at it (a static
+  start): the same statistics from `first` on, and the same gradients of a loss read there,
+  for the float32 autodiff and fused chunk backwards and the bf16 float32-sum scan."""
+  rng = np.random.default_rng(1)
+  b, n, e = 2, 17, 8
+  dt = jnp.bfloat16 if mode == "bf16" else jnp.float32
+  h = jnp.asarray(rng.normal(size=(b, n, e)), dt)
+  w = jnp.asarray(0.4 * rng.normal(size=(e, V)), dt)
+  tg = jnp.asarray(rng.integers(0, V, (b, n)), jnp.int32)
+  wts = jnp.asarray(rng.normal(size=(b, n)), jnp.float32)
+  kw = dict(chunk=V * 2 * 3, with_entropy=True, fused=mode == "fused")
+
+  def loss_traced(h, w, first):
+    out = lp_lib.chunked_head_logprobs(h, w, tg, first=first, **kw)
+    keep = jnp.arange(n)[None, :] >= first
+    return jnp.sum(jnp.where(keep, out["lp"] * wts, 0.0)), out
+
+  def loss_window(h, w, first):
+    out = lp_lib.chunked_head_logprobs(h[:, first:], w, tg[:, first:], **kw)
+    return jnp.sum(out["lp"] * wts[:, first:]), out
+
+  grad_traced = jax.jit(jax.value_and_grad(loss_traced, argnums=(0, 1), has_aux=True))
+  tol = 2e-2 if mode == "bf16" else 1e-5
+  for first in (0, 5, 11):
+    (l_t, out_t), g_t = grad_traced(h, w, jnp.int32(first))
+    (l_w, out_w), g_w = jax.value_and_grad(loss_window, argnums=(0, 1), has_aux=True)(
+        h, w, first)
+    np.testing.assert_allclose(l_t, l_w, rtol=tol, atol=tol)
+    for k in ("lp", "ent"):
+      np.testing.assert_allclose(np.asarray(out_t[k])[:, first:], out_w[k], rtol=tol, atol=tol)
+    assert not np.asarray(g_t[0], np.float32)[:, :first].any()     # nothing before first
+    for got, want in zip(g_t, g_w):
+      np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32),
+                                 rtol=tol, atol=tol)
+  # chunks of 3 positions: first = 11 skips chunks 0..2 (positions 0..8) at run time
+  assert grad_traced._cache_size() == 1

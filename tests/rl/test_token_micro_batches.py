@@ -13,8 +13,8 @@ from rlrag_jax import rl, trainer
 from rlrag_jax.models import sharding as shd
 from rlrag_jax.models.config import ModelConfig
 from rlrag_jax.models.decoder import DecoderLM, ValueLM
-from rlrag_jax.rollout.batch import (logits_start, pack, pack_micro_batch, packed_lengths,
-                                     pad_rows, plan_micro_batches, take_rows)
+from rlrag_jax.rl.packing import (logits_start, pack, pack_micro_batch, packed_lengths,
+                                   pad_rows, plan_micro_batches, take_rows)
 from rlrag_jax.tasks import Episode
 from stub_task import batch_of
 from rlrag_jax.training import learners, stages
@@ -24,8 +24,9 @@ CFG = ModelConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_layer
                   tie_word_embeddings=True, eos_token_id=(1,), pad_token_id=0)
 BUCKET, BUDGET = 4, 72
 # One long completion (3 + 30 tokens: 36 columns) and three short ones after long prompts
-# (20 + 4: 24 columns): the plan makes a 1 x 36 micro-batch and a 3 x 24 one (padded here to 4
-# rows: a zero row), whose logits windows start at 0 and at 16.
+# (20 + 4: 24 columns): the plan makes a micro-batch of one episode at 36 columns, padded to
+# its width's row count (72 // 36 = 2: a zero row), and a 3 x 24 one (padded here to 4 rows:
+# a zero row), whose logits start at 0 and at 16.
 PROMPT_LENS, COMPLETION_LENS = (3, 20, 18, 16), (30, 3, 2, 4)
 
 
@@ -44,7 +45,7 @@ def data():
   whole.update({k: v.astype(np.float32) for k, v in per_token.items()})
   whole["advantages"] = np.array([1.0, -0.5, 2.0, -1.5], np.float32)
   plan = plan_micro_batches(*packed_lengths(prompts, completions), BUDGET, bucket=BUCKET)
-  assert [(m.size, m.width) for m in plan] == [(1, 36), (3, 24)]
+  assert [(len(m.rows), m.size, m.width) for m in plan] == [(1, 2, 36), (3, 3, 24)]
   p_len = max(PROMPT_LENS)
   parts = []
   for m in plan:
@@ -166,7 +167,7 @@ def test_sft_batches_split_the_whole_batch_by_token_budget():
     n, width = b["input_ids"].shape
     assert n % 2 == 0 and (n * width <= 40 or n == 2)
     assert not b["loss_mask"][:, :start + 1].any()
-  norms = rl.train_step._token_norms("token_mean", None)
+  norms = rl.update.token_norms("token_mean", None)
   assert norms.host([b["loss_mask"] for b, _ in parts]) == norms.host([whole[0][0]["loss_mask"]])
 
 

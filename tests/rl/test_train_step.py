@@ -110,7 +110,7 @@ def test_nonfinite_skip(setup, adamw_step):
     np.testing.assert_array_equal(a, b)
   state, metrics = step(state, batch)
   assert float(metrics["skipped"]) == 0.0 and int(state.step) == 2
-  assert int(rl.train_step.optimizer_count(state.opt_state)) == 1
+  assert int(rl.optim_state.optimizer_count(state.opt_state)) == 1
   moved = [np.abs(np.asarray(a) - b).max() for a, b in
            zip(jax.tree_util.tree_leaves(state.params), jax.tree_util.tree_leaves(before.params))]
   assert max(moved) > 0
@@ -209,7 +209,7 @@ def test_sft_step(setup):
 def test_logits_window_equals_full_logits(setup):
   """`logits_start` (the prompt's logits skipped) changes nothing the losses read: the same
   log-probs at every position after the start (0 before), the same policy and SFT updates."""
-  from rlrag_jax.rollout.batch import logits_start
+  from rlrag_jax.rl.packing import logits_start
   model, params, batch, mesh = setup
   start = logits_start(batch["loss_mask"], 1, align=1)
   assert start == 3                              # row 1's first loss token sits in column 4

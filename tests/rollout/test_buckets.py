@@ -9,7 +9,7 @@ import pytest
 from rlrag_jax.data import sources
 from rlrag_jax.generate import byte_level_tokenizer
 from rlrag_jax.methods.arena import prompts
-from rlrag_jax.rollout.batch import geometric_round, logits_start, pack
+from rlrag_jax.rl.packing import geometric_round, logits_start, pack
 
 
 def test_geometric_round_by_hand():

@@ -8,7 +8,7 @@ import pytest
 
 from configs import arena
 from stub_task import StubTask
-from rlrag_jax.rollout.batch import pack
+from rlrag_jax.rl.packing import pack
 from rlrag_jax.tasks import Episode, Group
 from rlrag_jax.training import collection, learners
 

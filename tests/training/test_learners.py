@@ -9,8 +9,8 @@ import pytest
 from configs import arena, sparkle
 from rlrag_jax import trainer
 from rlrag_jax.models import ModelConfig, init_params, sharding
-from rlrag_jax.rl import train_step as ts
-from rlrag_jax.rollout.batch import logits_start, pack
+from rlrag_jax.rl import optim_state
+from rlrag_jax.rl.packing import logits_start, pack
 from rlrag_jax.tasks import Episode
 from stub_task import batch_of
 from rlrag_jax.training import learners
@@ -369,8 +369,8 @@ def test_ppo_mini_batch_size_splits_each_epoch_by_episode_count():
   assert learners.schedule_by_rl_step(c.rl) and learners.schedule_length(c.rl, 7) == 7
   for s in (state, critic):
     (counter,) = [x for x in jax.tree_util.tree_leaves(
-        s.opt_state, is_leaf=lambda x: isinstance(x, ts.RLStepState))
-        if isinstance(x, ts.RLStepState)]
+        s.opt_state, is_leaf=lambda x: isinstance(x, optim_state.RLStepState))
+        if isinstance(x, optim_state.RLStepState)]
     assert int(counter.rl_step) == 1
   # The paper preset: before, one update per step whatever its size; now one per ~1,024.
   paper = sparkle.get_config("paper").rl
@@ -393,7 +393,7 @@ def test_rl_step_schedule_gives_every_update_of_a_step_that_steps_lr():
   """make_optimizer(by_rl_step=True): the lr is schedule(RL steps completed), unchanged by
   updates and moved by advance_rl_step. Constant gradients make each Adam direction 1, so an
   update is -lr; cosine over 4 steps from 1: lr 1, then (1 + cos(pi / 4)) / 2."""
-  opt = ts.make_optimizer(ts.OptimizerConfig(lr=1.0, schedule="cosine", total_steps=4,
+  opt = optim_state.make_optimizer(optim_state.OptimizerConfig(lr=1.0, schedule="cosine", total_steps=4,
                                              max_grad_norm=None), by_rl_step=True)
   params = {"w": np.ones(2, np.float32)}
   grads = {"w": np.full(2, 0.5, np.float32)}
@@ -403,17 +403,17 @@ def test_rl_step_schedule_gives_every_update_of_a_step_that_steps_lr():
     u, st = opt.update(grads, st, params)
     got.append(float(u["w"][0]))
     if advance:
-      st = ts.advance_rl_step(st)
+      st = optim_state.advance_rl_step(st)
   u, st = opt.update(grads, st, params)
   got.append(float(u["w"][0]))
   want = [-1.0, -1.0, -(1 + np.cos(np.pi / 4)) / 2, -(1 + np.cos(np.pi / 4)) / 2]
   np.testing.assert_allclose(got, want, rtol=1e-4)
   # Without by_rl_step the schedule follows the updates (today's behaviour): 1, cos(pi/4), ...
-  plain = ts.make_optimizer(ts.OptimizerConfig(lr=1.0, schedule="cosine", total_steps=4,
+  plain = optim_state.make_optimizer(optim_state.OptimizerConfig(lr=1.0, schedule="cosine", total_steps=4,
                                                max_grad_norm=None))
   st = plain.init(params)
   u1, st = plain.update(grads, st, params)
-  u2, st = plain.update(grads, ts.advance_rl_step(st), params)
+  u2, st = plain.update(grads, optim_state.advance_rl_step(st), params)
   np.testing.assert_allclose([float(u1["w"][0]), float(u2["w"][0])],
                              [-1.0, -(1 + np.cos(np.pi / 4)) / 2], rtol=1e-4)
 

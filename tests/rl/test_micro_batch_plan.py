@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from rlrag_jax.rollout import batch as batch_lib
-from rlrag_jax.rollout.batch import (micro_batch_rows, pack, pack_micro_batch, packed_lengths,
-                                     plan_micro_batches, put_rows, take_rows)
+from rlrag_jax.rl import packing as batch_lib
+from rlrag_jax.rl.packing import (pack, pack_micro_batch, packed_lengths, plan_micro_batches,
+                                   put_rows, take_rows, width_buckets, width_rows)
 
 
 def _plan(plan):
@@ -17,15 +17,15 @@ def _plan(plan):
 
 def test_plan_by_hand():
   # totals 32, 5, 5, 16, 7, 5 -> longest first: 0, 3, 4, 1, 2, 5. Episode 0 is 32 wide
-  # (bucket 8); 0 and 3 fill 2 x 32 = 64 tokens; a third row would need 3 x 32. The short
-  # ones share width 8: 4 rows x 8.
+  # (bucket 8): width 32 takes 64 // 32 = 2 rows, 0 and 3. The short ones share width 8,
+  # whose row count is 64 // 8 = 8: 4 episodes and 4 zero rows.
   p, c = [2] * 6, [30, 3, 3, 14, 5, 3]
   assert _plan(plan_micro_batches(p, c, 64, bucket=8)) == [([0, 3], 2, 32),
-                                                           ([4, 1, 2, 5], 4, 8)]
+                                                           ([4, 1, 2, 5], 8, 8)]
   # Width is pack's: the longest prompt plus the longest completion of the micro-batch
   # (9 + 9 -> 24 columns, not 16 as each alone).
   assert _plan(plan_micro_batches([9, 1], [1, 9], 48, bucket=8)) == [([0, 1], 2, 24)]
-  assert _plan(plan_micro_batches([9, 1], [1, 9], 40, bucket=8)) == [([0], 1, 16), ([1], 1, 16)]
+  assert _plan(plan_micro_batches([9, 1], [1, 9], 40, bucket=8)) == [([0], 2, 16), ([1], 2, 16)]
   assert plan_micro_batches([], [], 64) == []
   with pytest.raises(ValueError, match="2 prompt lengths but 1 completion"):
     plan_micro_batches([1, 2], [3], 64)
@@ -34,23 +34,26 @@ def test_plan_by_hand():
 def test_plan_pads_rows_to_the_shard_multiple_and_warns_once_over_budget(caplog):
   p, c = [2] * 6, [30, 3, 3, 14, 5, 3]
   batch_lib._over_budget_warned = False
-  with caplog.at_level(logging.WARNING, logger="rlrag_jax.rollout.batch"):
+  with caplog.at_level(logging.WARNING, logger="rlrag_jax.rl.packing"):
     plan = plan_micro_batches(p, c, 64, bucket=8, shards=4)
     plan_micro_batches(p, c, 64, bucket=8, shards=4)
   # Four rows (one per shard) of width 32 exceed 64 tokens: the fewest rows a micro-batch
   # can have, filled with real episodes rather than zero rows.
-  assert _plan(plan) == [([0, 3, 4, 1], 4, 32), ([2, 5], 4, 8)]
+  assert _plan(plan) == [([0, 3, 4, 1], 4, 32), ([2, 5], 8, 8)]
   assert len([r for r in caplog.records if "over budget" in r.message]) == 1
   # An episode longer than the budget gets a micro-batch of its own.
   batch_lib._over_budget_warned = True
   assert _plan(plan_micro_batches([4, 4, 4], [100, 2, 2], 64, bucket=8)) == [
-      ([0], 1, 104), ([1, 2], 2, 8)]
+      ([0], 1, 104), ([1, 2], 8, 8)]
 
 
-def test_row_sizes_are_a_bounded_set():
-  assert [micro_batch_rows(n) for n in (1, 7, 8, 9, 11, 16, 17, 33)] == [1, 7, 8, 10, 12, 16,
-                                                                          20, 40]
-  assert [micro_batch_rows(n, 4) for n in (1, 4, 5, 33, 34)] == [4, 4, 8, 40, 40]
+def test_one_row_count_per_width_from_a_bounded_set_of_widths():
+  assert [width_rows(w, 64) for w in (8, 24, 32, 64, 104)] == [8, 2, 2, 1, 1]
+  assert [width_rows(w, 64, 4) for w in (8, 16, 32)] == [8, 4, 4]
+  # bucket 8: multiples of 8 up to 128, then of 16 up to 256, of 32 ...
+  assert width_buckets(130, 8) == list(range(8, 129, 8)) + [144]
+  assert width_buckets(1, 8) == [8]
+  assert len(width_buckets(4096, 16)) == 16 + 8 * 4
 
 
 @settings(max_examples=60, deadline=None)
@@ -63,8 +66,9 @@ def test_plan_covers_every_episode_within_budget(lengths, budget, shards, bucket
   rows = np.concatenate([m.rows for m in plan])
   assert sorted(rows.tolist()) == list(range(len(lengths)))
   for m in plan:
-    assert m.size % shards == 0 and len(m.rows) <= m.size == micro_batch_rows(len(m.rows), shards)
+    assert m.size % shards == 0 and len(m.rows) <= m.size == width_rows(m.width, budget, shards)
     assert m.size * m.width <= budget or m.size == shards
+    assert m.width in width_buckets(max(p) + max(c), bucket)
     assert m.width == batch_lib.geometric_round(max(p[i] for i in m.rows) +
                                                 max(c[i] for i in m.rows), bucket)
     assert m.prompt_len == max(p[i] for i in m.rows)

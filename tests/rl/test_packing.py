@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from rlrag_jax.rollout.batch import logits_start, pack
+from rlrag_jax.rl.packing import logits_start, pack
 
 
 def test_pack_layout_by_hand():
