@@ -96,6 +96,9 @@ anything.
 """
 import ml_collections
 
+# `section`: how every method's settings.py parses its sections (rlrag_jax.settings).
+from rlrag_jax.settings import ConfigError, section  # noqa: F401 (re-exported)
+
 
 # The CPU defaults' smaller world (860 passages, 1920 / 240 / 240 questions): a from-scratch
 # model meets each name often enough to learn to copy it within a 2-core CPU budget.
@@ -235,49 +238,6 @@ def retrieval_config(**overrides) -> ml_collections.ConfigDict:
       **RETRIEVAL_SERVICE))             # url: a retrieval server instead (README)
   c.update(overrides)
   return c
-
-
-def section(cls, cfg, where: str):
-  """The frozen dataclass `cls` built from config section `cfg` (a ConfigDict or dict) at the
-  dotted key `where` ('r2ag', 'sparkle.eval'): the one way a method or the trainer parses its
-  section, once, so that every value it reads is a key the config file declares.
-
-  Every key of the section must be a field (an unknown one, often a misspelt one, is an error
-  naming it and the allowed keys), and every field of `cls` a key of the section (a missing one
-  is an error naming its dotted key: there are no defaults in code). A field whose type is a
-  dataclass is parsed from the nested section of that name; every other value is passed through
-  as the config holds it (tuples stay tuples, numbers keep their type). Raises
-  `config_check.ConfigError` (a ValueError).
-  """
-  import dataclasses
-  import typing
-  from rlrag_jax.config_check import ConfigError
-  if not (dataclasses.is_dataclass(cls) and isinstance(cls, type)):
-    raise TypeError(f"config_base.section: {cls!r} is not a dataclass")
-  if cfg is None or not hasattr(cfg, "keys"):
-    raise ConfigError(f"config section {where!r} is missing (found {cfg!r}); expected the "
-                      f"keys {', '.join(f.name for f in dataclasses.fields(cls))}")
-  fields = [f for f in dataclasses.fields(cls) if f.init]
-  names = [f.name for f in fields]
-  unknown = sorted(k for k in cfg.keys() if k not in names)
-  if unknown:
-    keys = ", ".join(f"'{where}.{k}'" for k in unknown)
-    raise ConfigError(f"config key{'s' if len(unknown) > 1 else ''} {keys} unknown; section "
-                      f"{where!r} takes {', '.join(sorted(names))}")
-  missing = [n for n in names if n not in cfg]
-  if missing:
-    keys = ", ".join(f"'{where}.{n}'" for n in missing)
-    raise ConfigError(f"config key{'s' if len(missing) > 1 else ''} {keys} "
-                      f"{'are' if len(missing) > 1 else 'is'} missing (declare "
-                      f"{'them' if len(missing) > 1 else 'it'} in the method's configs/*.py)")
-  hints = typing.get_type_hints(cls)
-  values = {}
-  for n in names:
-    t, v = hints.get(n), cfg[n]
-    if isinstance(t, type) and dataclasses.is_dataclass(t):
-      v = section(t, v, f"{where}.{n}")
-    values[n] = v
-  return cls(**values)
 
 
 # Retrieval as a service: the keys every `retrieval` section takes beside its own (backend,

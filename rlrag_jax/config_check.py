@@ -11,10 +11,12 @@ The table is `key pattern -> rule`: `shared_rules()` below for the trainer's sec
 `RULES` in `rlrag_jax/methods/<method>/config_rules.py` for a method's own keys (so that this
 shared module names no method). A pattern is an `fnmatch` pattern over the dotted key
 ('data.world.*_frac'); a key the config does not have is skipped (sections differ between
-methods and presets). The allowed sets are the consumers' own constants (`rl.kl.KL_ESTIMATORS`,
-`training.learners.ALGOS`, ...), so the table and the code that raises on a bad value cannot
-disagree; ranges are what the consuming code needs (a learning rate above 0, a probability in
-[0, 1], a count of at least 1, 0 where the code documents 0 as "off").
+methods and presets). The engine's allowed sets are the constants of `rlrag_jax.settings`,
+beside the dataclasses its sections parse into (tests/test_settings.py holds the engine's own
+tables, `rl.kl.KL_ESTIMATORS`, `rl.batching.ALGOS`, ..., to them), so that this module imports
+no engine layer (tests/test_layering.py) and the table and the code that raises on a bad value
+cannot disagree; ranges are what the consuming code needs (a learning rate above 0, a
+probability in [0, 1], a count of at least 1, 0 where the code documents 0 as "off").
 
 What the table cannot say is mostly left to the consumers: keys that depend on each other (a
 cosine schedule's warmup shorter than the run, the world's dev + test fractions, SPARKLE's
@@ -32,9 +34,8 @@ import math
 import pathlib
 from typing import Any, Optional, Sequence
 
-
-class ConfigError(ValueError):
-  """A config value outside what its key allows (see `check`)."""
+from rlrag_jax import settings
+from rlrag_jax.settings import ConfigError  # noqa: F401 (a value outside what its key allows)
 
 
 def _show(v) -> str:
@@ -202,14 +203,11 @@ def shared_rules() -> dict:
   from rlrag_jax.data import world_text
   from rlrag_jax.models import config as model_config
   from rlrag_jax.retrieval import index
-  from rlrag_jax.rl import logprobs, optim_state
   from rlrag_jax.sampling import cache_attention
-  from rlrag_jax.rl.kl import KL_ESTIMATORS
-  from rlrag_jax.rl.losses import AGGREGATIONS
-  from rlrag_jax.training import learners, stages, steps
+  s = settings
   return {
       "method": MethodName(),
-      "stages": Each(OneOf(tuple(stages.STAGES))),
+      "stages": Each(OneOf(s.STAGES)),
       # data (rlrag_jax.data.sources; data.world mirrors the per-field checks of
       # rlrag_jax.data.world.WorldConfig, which keeps the ones between fields)
       "data.source": OneOf(sources.SOURCES),
@@ -231,7 +229,7 @@ def shared_rules() -> dict:
       "data.world.*_frac": FRACTION,
       "data.world.hop_mix": Each(NON_NEGATIVE, length=3),
       # model (rlrag_jax.training.steps.build_model, rlrag_jax.models.config)
-      "model.init": OneOf(steps.MODEL_INITS),
+      "model.init": OneOf(s.MODEL_INITS),
       "model.dtype": OneOf(model_config.DTYPES),
       "model.param_dtype": OneOf(model_config.DTYPES),
       "model.thinking": BOOL,                        # models.lm.encode_prompt
@@ -257,7 +255,7 @@ def shared_rules() -> dict:
       "sft.epochs": NON_NEGATIVE,     # 0: off (sft.steps); both set: stages.resolve_steps
       "sft.batch_size": COUNT,
       "sft.lr": POSITIVE,
-      "sft.lr_schedule": OneOf(optim_state.SCHEDULES),
+      "sft.lr_schedule": OneOf(s.SCHEDULES),
       "sft.warmup_ratio": RATIO_BELOW_ONE,
       "sft.weight_decay": NON_NEGATIVE,
       "sft.max_len": COUNT,
@@ -267,9 +265,9 @@ def shared_rules() -> dict:
       "sft.micro_batches": COUNT,
       "sft.tokens_per_micro_batch": COUNT_OR_OFF,
       "sft.logits_chunk": COUNT_OR_OFF,
-      "sft.head_backward": OneOf(logprobs.HEAD_BACKWARDS),
+      "sft.head_backward": OneOf(s.HEAD_BACKWARDS),
       # rl (rlrag_jax.training.learners / steps, rlrag_jax.rl.*, the sampler)
-      "rl.algo": OneOf(learners.ALGOS),
+      "rl.algo": OneOf(s.ALGOS),
       "rl.steps": NON_NEGATIVE,
       "rl.epochs": NON_NEGATIVE,      # 0: off (rl.steps)
       "rl.prompts_per_step": COUNT,
@@ -280,18 +278,18 @@ def shared_rules() -> dict:
       "rl.top_p": Range(lo=0, hi=1, lo_open=True),
       "rl.max_new_tokens": COUNT,
       "rl.lr": POSITIVE,
-      "rl.lr_schedule": OneOf(optim_state.SCHEDULES),
+      "rl.lr_schedule": OneOf(s.SCHEDULES),
       "rl.warmup_ratio": RATIO_BELOW_ONE,
       "rl.weight_decay": NON_NEGATIVE,
       "rl.max_grad_norm": POSITIVE,
       "rl.kl_beta": NON_NEGATIVE,
-      "rl.kl_estimator": OneOf(tuple(KL_ESTIMATORS)),
-      "rl.kl_form": OneOf(learners.KL_FORMS),
+      "rl.kl_estimator": OneOf(s.KL_ESTIMATORS),
+      "rl.kl_form": OneOf(s.KL_FORMS),
       "rl.clip_eps_low": NON_NEGATIVE,
       "rl.clip_eps_high": NON_NEGATIVE,
       "rl.dual_clip": Range(lo=1, lo_open=True, also=(0,)),    # losses: c > 1; 0: off
       "rl.entropy_coef": NON_NEGATIVE,
-      "rl.aggregation": OneOf(tuple(AGGREGATIONS)),
+      "rl.aggregation": OneOf(s.AGGREGATIONS),
       "rl.adv_eps": POSITIVE,         # a zero-spread group's std is 0
       "rl.mu": COUNT,
       "rl.micro_batches": COUNT,
@@ -299,8 +297,8 @@ def shared_rules() -> dict:
       "rl.dynamic_max_tries": COUNT,
       "rl.pack_bucket": COUNT,
       "rl.logits_chunk": COUNT_OR_OFF,
-      "rl.head_backward": OneOf(logprobs.HEAD_BACKWARDS),
-      "rl.ppo.critic": OneOf(learners.CRITICS),
+      "rl.head_backward": OneOf(s.HEAD_BACKWARDS),
+      "rl.ppo.critic": OneOf(s.CRITICS),
       "rl.ppo.gamma": FRACTION,
       "rl.ppo.lam": FRACTION,
       "rl.ppo.vf_lr": POSITIVE,

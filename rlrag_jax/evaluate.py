@@ -28,7 +28,7 @@ _OUT = flags.DEFINE_string("out", None, "write the summary JSON here (default: p
 
 def main(argv):
   del argv
-  from rlrag_jax import evaluation, judge, runlog
+  from rlrag_jax import evaluation, judge, runlog, settings
   from rlrag_jax.data import sources
   from rlrag_jax.experiments import load_checkpoint
   from rlrag_jax.rollout.policy import checkpoint_policy
@@ -38,12 +38,13 @@ def main(argv):
   if loaded is None:
     return 2
   task, lm = loaded
-  policy = checkpoint_policy(lm, task.tokenizer, config.eval.max_new_tokens,
-                             rows_per_call=int(config.eval.batch_size))
-  examples = sources.cut_eval(list(task.eval), config.eval.num_examples, "eval.num_examples")
-  result = evaluation.evaluate(task, policy, examples, batch_size=config.eval.batch_size,
-                               seed=config.seed,
-                               judge=judge.from_config(config.eval, prompt=task.judge_prompt,
+  s = settings.Settings.from_config(config)
+  policy = checkpoint_policy(lm, task.tokenizer, s.eval.max_new_tokens,
+                             rows_per_call=s.eval.batch_size)
+  examples = sources.cut_eval(list(task.eval), s.eval.num_examples, "eval.num_examples")
+  result = evaluation.evaluate(task, policy, examples, batch_size=s.eval.batch_size,
+                               seed=s.seed,
+                               judge=judge.from_config(s.eval, prompt=task.judge_prompt,
                                                        where="eval"))
   keys = [k for k in result["all"] if k != "n"]
   rows = [{"split": k, **v} for k, v in result.items() if k == "all" or k.startswith(("hops=", "dataset="))]

@@ -13,8 +13,9 @@ second separately trained model), named in the config's `models` section:
 Each is loaded once (with its own tokenizer), its params placed on the trainer's mesh by the
 shared rule table, and handed to the task through `task.bind_models({name: LM})` before
 training or evaluation. They are frozen: nothing here updates them. An entry may name the config
-that trains it, `train_config="configs/x.py[:preset]"`: the trainer (`trainer.train_missing`)
-trains it once into `path` before it loads the models; `load_models` itself only loads.
+that trains it, `train_config="configs/x.py[:preset]"`: the dependency step
+(`trainer.train_dependencies`, which `python -m rlrag_jax.train` takes before the run) trains it
+once into `path`; the run, and `load_models` itself, only load.
 """
 from __future__ import annotations
 
@@ -84,8 +85,8 @@ def load_models(models_cfg, mesh) -> dict:
       lm = load_trained(path, step=None if step is None or int(step) < 0 else int(step))
     except FileNotFoundError as e:
       spec = entry.get("train_config", "")
-      hint = (f"; it names train_config={spec!r}, which a training run of this config trains "
-              "first" if spec else "")
+      hint = (f"; it names train_config={spec!r}, which the dependency step trains first "
+              "(trainer.train_dependencies; python -m rlrag_jax.train takes it)" if spec else "")
       raise FileNotFoundError(f"config key 'models.{name}.path': {e}{hint}") from None
     shardings = sharding.param_shardings(DecoderLM(lm.config), mesh)
     params = jax.device_put(lm.params, shardings)

@@ -3,7 +3,9 @@
 Overrides use ml_collections syntax, e.g. `--config.rl.kl_estimator=k3 --config.rl.steps=200`.
 `--resume` continues from the latest checkpoint in the config's workdir. A workdir that holds a
 run of another config (its fingerprint.json, `rlrag_jax.fingerprint`) is refused with the
-differing keys; `--force` starts anyway and records that it did.
+differing keys; `--force` starts anyway and records that it did. The runs the config depends
+on (`model.train_config`, `models.<name>.train_config`) are trained first where their paths hold
+no finished run (`trainer.train_dependencies`), each resuming a run a kill interrupted.
 """
 from __future__ import annotations
 
@@ -56,6 +58,9 @@ def main(argv):
   FLAGS = flags.FLAGS              # pylint: disable=invalid-name
   config = _config(FLAGS)
   try:
+    # The runs this config depends on (a reader, a generator, the policy's start), each trained
+    # once into its own path; then the run, which loads them.
+    trainer.train_dependencies(config, force=FLAGS.force)
     trainer.run(config, resume=FLAGS.resume, progress=not FLAGS.quiet, force=FLAGS.force)
   except fingerprint.ConfigMismatch as e:
     print(f"train: {e}", file=sys.stderr)

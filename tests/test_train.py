@@ -211,7 +211,8 @@ def test_dynamic_sampling_keeps_groups_by_the_configured_key():
 
 def test_a_run_starts_from_another_runs_weights_trained_once_by_its_config(tmp_path):
   """model.init 'hf' with model.path a training run directory: the new run's initial params
-  and tokenizer are that run's; model.train_config trains it first when it is missing."""
+  and tokenizer are that run's; model.train_config trains it first when it is missing (the
+  dependency step, `trainer.train_dependencies`; the run's own setup refuses it missing)."""
   base_cfg = tmp_path / "base_config.py"
   tiny = tiny_config("unused")
   tiny.rl.steps, tiny.export_hf = 0, False
@@ -223,6 +224,9 @@ def test_a_run_starts_from_another_runs_weights_trained_once_by_its_config(tmp_p
   c = tiny_config(tmp_path / "run")
   c.model.init, c.model.path = "hf", str(base)
   c.model.train_config = str(base_cfg)
+  with pytest.raises(FileNotFoundError, match="'model.path'.*no finished run"):
+    trainer._setup(c, None)
+  trainer.train_dependencies(c)
   r = trainer._setup(c, None)
   assert (base / "eval_summary.json").exists()          # trained once, by its own config
   lm = run_dirs.load_trained(base)

@@ -29,6 +29,7 @@ import time
 import numpy as np
 
 from rlrag_jax.bench import HELP_SMOKE
+from rlrag_jax.bench.ann_tuning import recall as _recall, tune as _tune
 from rlrag_jax.data.paths import data_dir
 
 
@@ -41,12 +42,6 @@ def _random_unit(n: int, d: int, seed: int, chunk: int = 100_000) -> np.ndarray:
   return out
 
 
-def _recall(found: np.ndarray, truth: np.ndarray) -> float:
-  k = truth.shape[1]
-  return float(np.mean([len(set(f[:k].tolist()) & set(t.tolist())) / k
-                        for f, t in zip(found, truth)]))
-
-
 def _timed(fn, reps: int = 1):
   """(best wall seconds over reps, last result)."""
   best, out = math.inf, None
@@ -55,35 +50,6 @@ def _timed(fn, reps: int = 1):
     out = fn()
     best = min(best, time.perf_counter() - t)
   return best, out
-
-
-def _tune(evaluate, grid, target: float, steps: int = 4):
-  """Smallest knob value reaching `target`: walk the ascending `grid`, then bisect (integers)
-  between the last miss and the first hit. evaluate(x) -> (recall, seconds).
-
-  Returns (x, recall, seconds) at the smallest value found, or None if the grid never reaches it.
-  """
-  lo, hit = None, None
-  for x in grid:
-    rec, dt = evaluate(x)
-    if rec >= target:
-      hit = (x, rec, dt)
-      break
-    lo = x
-  if hit is None:
-    return None
-  if lo is not None:
-    hi = hit[0]
-    for _ in range(steps):
-      if hi - lo <= 1:
-        break
-      mid = (lo + hi) // 2
-      rec, dt = evaluate(mid)
-      if rec >= target:
-        hi, hit = mid, (mid, rec, dt)
-      else:
-        lo = mid
-  return hit
 
 
 class Table:

@@ -159,7 +159,7 @@ print(json.dumps({"load_s": t_load, "search_s": dt}))
 
 HNSW_CHILD = r'''
 import json, sys, time, numpy as np, faiss
-from rlrag_jax.bench.retrieval import _tune, _recall
+from rlrag_jax.bench.ann_tuning import tune as _tune, recall as _recall
 vec, queries, truth, k, m, efc, target = sys.argv[1:8]
 k, m, efc, target = int(k), int(m), int(efc), float(target)
 db = np.load(vec, mmap_mode="r"); q = np.load(queries); truth = np.load(truth)
@@ -196,7 +196,8 @@ def _child_json(res: dict, tag: str = "") -> dict:
 
 # ------------------------------------------------------------------------------ the phases
 def bench_ann(args, work: pathlib.Path, results: dict) -> None:
-  from rlrag_jax.bench.retrieval import _recall, _tune  # pylint: disable=g-import-not-at-top
+  from rlrag_jax.bench.ann_tuning import (  # pylint: disable=g-import-not-at-top
+      recall as _recall, tune as _tune)
   from rlrag_jax.retrieval.index import ExactIndex  # pylint: disable=g-import-not-at-top
   n, d, k = args.n, args.dim, args.k
   vec_dir = work / f"vectors_{n}_{d}"

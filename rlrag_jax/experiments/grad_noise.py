@@ -189,12 +189,13 @@ class Probe:
     from rlrag_jax.models.sharding import make_mesh
     from rlrag_jax.rl import step_factories
     from rlrag_jax.training import learners
+    from rlrag_jax import settings
     from rlrag_jax.training.steps import policy_loss_config
     rl = config.rl
     self.config, self.pad = config, int(pad_id)
     self.mesh = make_mesh()
     self.module = DecoderLM(lm.config)
-    self.loss_cfg = policy_loss_config(rl, beta=0.0)
+    self.loss_cfg = policy_loss_config(settings.of(config).rl, beta=0.0)
     opt, self.state = _sgd_state(self.module, self.mesh, lm.params)
     chunk = int(rl.logits_chunk)
     rl_step = step_factories.make_policy_step(self.module, opt, self.mesh, self.loss_cfg,

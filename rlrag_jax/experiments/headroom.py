@@ -125,6 +125,7 @@ def format_table(result: dict, k: int) -> str:
 def main(argv):
   del argv
   import jax
+  from rlrag_jax import settings
   from rlrag_jax.experiments import load_checkpoint, write_report
   from rlrag_jax.rollout.policy import checkpoint_policy
   config = _CONFIG.value
@@ -132,9 +133,10 @@ def main(argv):
   if loaded is None:
     return 2
   task, lm = loaded
-  policy = checkpoint_policy(lm, task.tokenizer, config.rl.max_new_tokens,
-                             top_k=config.rl.top_k, top_p=config.rl.top_p,
-                             rows_per_call=int(config.eval.batch_size))
+  s = settings.Settings.from_config(config)
+  policy = checkpoint_policy(lm, task.tokenizer, s.rl.max_new_tokens,
+                             top_k=s.rl.top_k, top_p=s.rl.top_p,
+                             rows_per_call=s.eval.batch_size)
   split = task.eval if _SPLIT.value == "eval" else task.train
   examples = list(split)[: _NUM.value]
   temps = [float(t) for t in _TEMPS.value]

@@ -10,6 +10,7 @@ import json
 import pathlib
 import sys
 
+from rlrag_jax import settings
 from rlrag_jax.data import sources
 from rlrag_jax.methods.search import baselines
 
@@ -23,11 +24,12 @@ def main(argv=None) -> int:
   except FileNotFoundError as e:
     print(f"search_baselines: {e}", file=sys.stderr)
     return 2
-  examples = sources.cut_eval(list(task.eval), cfg.eval.num_examples, "eval.num_examples")
+  s = settings.Settings.from_config(cfg)
+  examples = sources.cut_eval(list(task.eval), s.eval.num_examples, "eval.num_examples")
   pipelines = tuple(p for p in _FLAGS["pipelines"].value.split(",") if p)
-  res = baselines.evaluate_pipelines(task, eval_policy(lm, task.tokenizer, cfg), examples,
-                                     pipelines=pipelines, batch_size=cfg.eval.batch_size,
-                                     seed=cfg.seed, progress=True)
+  res = baselines.evaluate_pipelines(task, eval_policy(lm, task.tokenizer, s), examples,
+                                     pipelines=pipelines, batch_size=s.eval.batch_size,
+                                     seed=s.seed, progress=True)
   print(baselines.format_pipelines(res))
   if _FLAGS["out"].value:
     pathlib.Path(_FLAGS["out"].value).write_text(json.dumps(res, indent=2))
@@ -36,11 +38,13 @@ def main(argv=None) -> int:
 
 def eval_policy(lm, tokenizer, cfg):
   """The checkpoint's policy as the trainer's final evaluation samples: eval.max_new_tokens,
-  the RL sampling settings where a pipeline samples at all, eval.batch_size rows a call."""
+  the RL sampling settings where a pipeline samples at all, eval.batch_size rows a call.
+  `cfg`: `rlrag_jax.settings.Settings` (or a config, parsed)."""
   from rlrag_jax.rollout.policy import checkpoint_policy
-  return checkpoint_policy(lm, tokenizer, cfg.eval.max_new_tokens,
-                           temperature=cfg.rl.temperature, top_k=cfg.rl.top_k,
-                           top_p=cfg.rl.top_p, rows_per_call=int(cfg.eval.batch_size))
+  s = settings.of(cfg)
+  return checkpoint_policy(lm, tokenizer, s.eval.max_new_tokens,
+                           temperature=s.rl.temperature, top_k=s.rl.top_k,
+                           top_p=s.rl.top_p, rows_per_call=s.eval.batch_size)
 
 
 _FLAGS = {}

@@ -38,7 +38,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import math
 import os
 import pathlib
 import shutil
@@ -49,6 +48,11 @@ from typing import Optional
 import numpy as np
 
 from rlrag_jax.retrieval import store as store_lib
+# The pieces the planning and import tools (retrieval.plan, retrieval.imports) share with the
+# build, below all three (re-exported: build.encode_sharded, build.EMBEDDINGS, ...).
+from rlrag_jax.retrieval.build_parts import (  # noqa: F401
+    EMBEDDING_DTYPES, EMBEDDINGS, SCANN_BUILD_FACTOR, TOKENIZE_ROWS, encode_sharded,
+    encoder_conventions, load_encoder, local_mesh, scann_params, scann_slices)
 from rlrag_jax.runlog import write_atomic
 
 log = logging.getLogger("rlrag_jax.retrieval")
@@ -59,10 +63,8 @@ MANIFEST = "manifest.json"
 BUILD = "build.json"
 STORE = "store"
 SHARDS = "shards"
-EMBEDDINGS = "embeddings.npy"
 SCANN = "scann"
 REORDER_DTYPES = ("float32", "bfloat16", "int8")
-EMBEDDING_DTYPES = {"float16": np.float16, "float32": np.float32}
 
 
 class BuildError(ValueError):
@@ -109,56 +111,7 @@ def save_npy_atomic(path: pathlib.Path, array: np.ndarray, kill_before_rename: b
   os.replace(tmp, path)
 
 
-def encoder_conventions(encoder) -> dict:
-  return dict(encoder.conventions())
-
-
 # ------------------------------------------------------------------------------ encoding
-def local_mesh():
-  """A 1-D 'data' mesh over this process's devices (the encoder is replicated, rows split)."""
-  import jax  # pylint: disable=g-import-not-at-top
-  from rlrag_jax.models import sharding  # pylint: disable=g-import-not-at-top
-  return sharding.make_mesh(devices=jax.local_devices())
-
-
-TOKENIZE_ROWS = 4096   # texts tokenized at once: a fast tokenizer's encodings of a whole
-                       # 65,536-passage shard held 1.5 GiB (2.14 GiB peak at 100k passages)
-
-
-def encode_sharded(encoder, texts, batch_size: int, mesh,
-                   tokenize_rows: int = TOKENIZE_ROWS) -> np.ndarray:
-  """Texts -> [len(texts), d] float32 unit vectors, each batch's rows split over `mesh`.
-
-  Texts are tokenized `tokenize_rows` at a time; within those, the longest go first and each
-  batch is padded to the encoder's next length bucket (as `Encoder.encode`), so a row's vector
-  depends on its text and its neighbours' lengths only, the same on every run.
-  """
-  import jax  # pylint: disable=g-import-not-at-top
-  from rlrag_jax.models import sharding  # pylint: disable=g-import-not-at-top
-  n_dev = mesh.devices.size
-  batch_size = max(n_dev, (batch_size // n_dev) * n_dev)
-  rows_in = sharding.batch_sharding(mesh)
-  params = jax.device_put(encoder.params, sharding.replicated(mesh))
-  texts = list(texts)
-  out = np.zeros((len(texts), encoder.dim), np.float32)
-  pending = []
-  for c0 in range(0, len(texts), tokenize_rows):
-    ids = encoder.tokenize(texts[c0:c0 + tokenize_rows])
-    lengths = np.fromiter((len(x) for x in ids), np.int64, len(ids))
-    order = np.argsort(-lengths, kind="stable")
-    for start in range(0, len(ids), batch_size):
-      sel = order[start:start + batch_size]
-      t = encoder._bucket(int(lengths[sel].max()))   # pylint: disable=protected-access
-      tok, mask = encoder.pad_rows([ids[j] for j in sel], batch_size, t)   # [B, T] each
-      emb = encoder.embed_fn(params, jax.device_put(tok, rows_in), jax.device_put(mask, rows_in))
-      pending.append((c0 + sel, emb))
-      if len(pending) > 4:      # bounded look-ahead: device memory stays a few batches
-        s, e = pending.pop(0)
-        out[s] = np.asarray(e)[:len(s)]
-    del ids
-  for s, e in pending:
-    out[s] = np.asarray(e)[:len(s)]
-  return out
 
 
 def shard_texts(store, start: int, stop: int, prefix: str) -> list:
@@ -242,35 +195,6 @@ def assemble_embeddings(out: pathlib.Path, settings: BuildSettings) -> np.ndarra
   return np.load(path, mmap_mode="r")
 
 
-def scann_params(n: int, d: int, reorder_dtype: str = "bfloat16", **overrides) -> dict:
-  """ScaNN's parameters from N: float brute force under `brute_force_below`; above it a tree
-  of ~sqrt(N) leaves, asymmetric hashing with 2 dimensions a 4-bit code, and an exact reorder of
-  the top `reorder_k` over `reorder_dtype` vectors (bfloat16 halves the float32 reorder data and
-  keeps 8 bits of mantissa; int8 quarters it)."""
-  from rlrag_jax.retrieval import index as index_lib  # pylint: disable=g-import-not-at-top
-  p = index_lib.scann_defaults(n)
-  p["reorder_dtype"] = reorder_dtype
-  p["brute_force_below"] = index_lib.BRUTE_FORCE_BELOW
-  p.update({k: v for k, v in overrides.items() if v is not None})
-  del d
-  return p
-
-
-# ScaNN's build holds about this many times the float16 bytes of the rows it indexes, privately
-# (docs/results/retrieval_scale: 4.6x at 1M x 768, the float32 copy and its residuals).
-SCANN_BUILD_FACTOR = 4.6
-
-
-def scann_slices(n: int, d: int, budget_factor: float = 1.5, budget_const: float = 0.5 * 2**30,
-                 min_rows: int = 1 << 18) -> int:
-  """How many row slices keep ScaNN's build under budget_factor x the float16 bytes +
-  budget_const (its training samples, the runtime and malloc's slack take the rest of the
-  3x + 1 GiB bound: at 1M x 768 two slices measured 5.54 GiB against 5.29, three fit)."""
-  f16 = n * d * 2
-  k = math.ceil(SCANN_BUILD_FACTOR * f16 / (budget_factor * f16 + budget_const))
-  return int(max(1, min(k, n // min_rows)))
-
-
 def build_index(out: pathlib.Path, backend: str, embeddings: np.ndarray, params: dict):
   """The index over `embeddings` (a float16 memory map): ScaNN in `scann_slices` row slices, each
   widened to float32 in a file-backed map of its own (ScaNN takes float32)."""
@@ -303,16 +227,6 @@ def check_or_write_settings(out: pathlib.Path, settings: BuildSettings) -> None:
                          "or --restart to start over)")
     return
   write_atomic(path, json.dumps(mine, indent=1, sort_keys=True))
-
-
-def load_encoder(args):
-  from rlrag_jax.retrieval.encoder import Encoder  # pylint: disable=g-import-not-at-top
-  kw = {k: getattr(args, k) for k in ("pooling", "query_prefix", "passage_prefix")
-        if getattr(args, k) is not None}
-  if args.normalize is not None:
-    kw["normalize"] = args.normalize == "true"
-  return Encoder.from_pretrained(args.encoder or None, dtype=args.dtype,
-                                 max_length=args.max_length, **kw)
 
 
 def _distributed(args) -> tuple:

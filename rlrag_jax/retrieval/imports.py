@@ -92,7 +92,7 @@ def open_vectors(kind: str, path: pathlib.Path):
 def check(imported: tuple, args, n_rows: Optional[int]):
   """Opens the vectors and the query encoder and checks their shapes against each other and
   (when known) the corpus's row count; returns (vectors, encoder). Nothing is written."""
-  from rlrag_jax.retrieval import build  # pylint: disable=g-import-not-at-top
+  from rlrag_jax.retrieval import build_parts  # pylint: disable=g-import-not-at-top
   kind, path = imported
   vectors = open_vectors(kind, path)
   n, d = vectors.shape
@@ -100,7 +100,7 @@ def check(imported: tuple, args, n_rows: Optional[int]):
   if n_rows is not None and n != n_rows:
     raise VectorImportError(f"{flag} {path}: {n} vectors but the corpus {args.corpus} has "
                             f"{n_rows} passages; row i must be passage i")
-  encoder = build.load_encoder(args)
+  encoder = build_parts.load_encoder(args)
   if encoder.dim != d:
     raise VectorImportError(f"{flag} {path}: dimension {d} but the query encoder "
                             f"{args.encoder or '(packaged MiniLM)'} gives {encoder.dim}; pass "
@@ -111,11 +111,11 @@ def check(imported: tuple, args, n_rows: Optional[int]):
 def load(imported: tuple, store, out: pathlib.Path, args):
   """Checks and copies the vectors into out/embeddings.npy (float16); returns
   (embeddings memmap, encoder, encoder id, conventions)."""
-  from rlrag_jax.retrieval import build  # pylint: disable=g-import-not-at-top
+  from rlrag_jax.retrieval import build_parts  # pylint: disable=g-import-not-at-top
   vectors, encoder = check(imported, args, len(store))
   n, d = vectors.shape
-  dtype = build.EMBEDDING_DTYPES[args.embedding_dtype]
-  tmp = out / f".{build.EMBEDDINGS}.tmp"
+  dtype = build_parts.EMBEDDING_DTYPES[args.embedding_dtype]
+  tmp = out / f".{build_parts.EMBEDDINGS}.tmp"
   mm = np.lib.format.open_memmap(tmp, mode="w+", dtype=dtype, shape=(n, d))
   bar = None
   if not args.quiet:
@@ -129,6 +129,6 @@ def load(imported: tuple, store, out: pathlib.Path, args):
     bar.close()
   mm.flush()
   del mm
-  tmp.replace(out / build.EMBEDDINGS)
-  emb = np.load(out / build.EMBEDDINGS, mmap_mode="r")
-  return emb, encoder, encoder.id, build.encoder_conventions(encoder)
+  tmp.replace(out / build_parts.EMBEDDINGS)
+  emb = np.load(out / build_parts.EMBEDDINGS, mmap_mode="r")
+  return emb, encoder, encoder.id, build_parts.encoder_conventions(encoder)

@@ -20,19 +20,19 @@ import numpy as np
 # Measured on this repo's CPU host (docs/results/retrieval_scale):
 #   encode: 0.61 GiB at 100k passages with a tiny BERT (the runtime, one tokenized chunk, the
 #     bounded look-ahead), plus the encoder's float32 parameters held twice (host and device);
-#   ScaNN build: ~4.6x the float16 bytes of one row slice (build.SCANN_BUILD_FACTOR; a float32
+#   ScaNN build: ~4.6x the float16 bytes of one row slice (build_parts.SCANN_BUILD_FACTOR; a float32
 #     copy, residuals, codes) plus two float32 training samples of up to 250k rows and 0.45 GiB of
 #     runtime: three slices of 1M x 768 peaked at 3.85 GiB (the model: 4.07), 800k x 64 in one
 #     at 1.00 GiB (the model: 1.00);
 #   ScaNN search: the bfloat16 reorder copy (1x) and the 4-bit codes (0.25x): 1.89 GiB at 1M x 768.
 def _scann_build(n: int, d: int, params: int) -> float:
-  from rlrag_jax.retrieval import build, index  # pylint: disable=g-import-not-at-top
+  from rlrag_jax.retrieval import build_parts, index  # pylint: disable=g-import-not-at-top
   del params
   if n < index.BRUTE_FORCE_BELOW:       # float brute force: ScaNN's float32 copy, no training
     return 2 * n * d * 2 + 0.3 * 2**30
-  k = build.scann_slices(n, d)
+  k = build_parts.scann_slices(n, d)
   sample = min(n // k, 250_000)         # k-means and hashing train on float32 samples
-  return build.SCANN_BUILD_FACTOR * n * d * 2 / k + 2 * sample * d * 4 + 0.45 * 2**30
+  return build_parts.SCANN_BUILD_FACTOR * n * d * 2 / k + 2 * sample * d * 4 + 0.45 * 2**30
 
 
 MEMORY_MODEL = {
@@ -93,8 +93,8 @@ def figures(n: int, d: int, source_bytes: int, backend: str, shard_size: int,
 
 
 def _slices(n: int, d: int) -> int:
-  from rlrag_jax.retrieval import build  # pylint: disable=g-import-not-at-top
-  return build.scann_slices(n, d)
+  from rlrag_jax.retrieval import build_parts  # pylint: disable=g-import-not-at-top
+  return build_parts.scann_slices(n, d)
 
 
 def _gb(x: float) -> str:
@@ -105,26 +105,26 @@ def _encode_rate(args) -> float:
   """Passages/s of the encoder over the corpus's first `args.plan_sample` passages (after one
   warm-up pass over the same texts: the jit compiles are not timed)."""
   from rlrag_jax.data import loaders  # pylint: disable=g-import-not-at-top
-  from rlrag_jax.retrieval import build  # pylint: disable=g-import-not-at-top
+  from rlrag_jax.retrieval import build_parts  # pylint: disable=g-import-not-at-top
   from rlrag_jax.retrieval.retriever import passage_text  # pylint: disable=g-import-not-at-top
-  encoder = build.load_encoder(args)
+  encoder = build_parts.load_encoder(args)
   prefix = encoder.conventions().get("passage_prefix", "")
   texts = []
   for rec in loaders.iter_corpus(args.corpus, skip_invalid=True):
     texts.append(prefix + passage_text(rec.title, rec.text))
     if len(texts) >= args.plan_sample:
       break
-  mesh = build.local_mesh()
-  build.encode_sharded(encoder, texts, args.batch_size, mesh)
+  mesh = build_parts.local_mesh()
+  build_parts.encode_sharded(encoder, texts, args.batch_size, mesh)
   t = time.perf_counter()
-  build.encode_sharded(encoder, texts, args.batch_size, mesh)
+  build_parts.encode_sharded(encoder, texts, args.batch_size, mesh)
   return len(texts) / (time.perf_counter() - t)
 
 
 def report(args) -> str:
   """The plan for `args` (build's flags), and the same plan at wiki-18 x e5-base-v2 scale."""
   from rlrag_jax.data import loaders  # pylint: disable=g-import-not-at-top
-  from rlrag_jax.retrieval import build  # pylint: disable=g-import-not-at-top
+  from rlrag_jax.retrieval import build_parts  # pylint: disable=g-import-not-at-top
   src = loaders.corpus_path(args.corpus)
   n = count_rows(src)
   d, params = encoder_shape(args.encoder)
@@ -133,7 +133,7 @@ def report(args) -> str:
            f"{args.encoder or '(packaged MiniLM)'}, backend {args.backend}:"]
   lines += _table(f)
   if args.backend == "scann":
-    p = build.scann_params(n, d, args.reorder_dtype, num_leaves=args.num_leaves,
+    p = build_parts.scann_params(n, d, args.reorder_dtype, num_leaves=args.num_leaves,
                            num_leaves_to_search=args.leaves_to_search, reorder_k=args.reorder_k)
     mode = "brute force (exact)" if n < p["brute_force_below"] else "partitioned"
     lines.append(f"  ScaNN {mode}: " + ", ".join(f"{k}={v}" for k, v in sorted(p.items())))

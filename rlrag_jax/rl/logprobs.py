@@ -14,6 +14,8 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
+from rlrag_jax import settings as settings_lib
+
 Array = jax.Array
 
 
@@ -99,7 +101,7 @@ DEFAULT_LOGITS_CHUNK = 2 ** 26    # logit elements (tokens x vocab) per chunk: 2
 # 'fused' (`fused_head_stats`), 'autodiff', or 'auto' (fused in reduced-precision compute, where
 # the accelerator presets run; autodiff in float32, whose exact sums the CPU defaults'
 # committed results were made with).
-HEAD_BACKWARDS = ("auto", "fused", "autodiff")
+HEAD_BACKWARDS = settings_lib.HEAD_BACKWARDS
 
 
 def use_fused_backward(mode: str, compute_dtype, entropy_grad: bool) -> bool:

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh
 
+from rlrag_jax import settings as settings_lib
 from rlrag_jax.models import sharding as shd
 
 Array = jax.Array
@@ -62,7 +63,7 @@ class OptimizerConfig:
                                                                      self.total_steps))
 
 
-SCHEDULES = ("cosine", "linear", "constant")     # OptimizerConfig.schedule
+SCHEDULES = settings_lib.SCHEDULES     # OptimizerConfig.schedule
 
 
 def make_schedule(cfg: OptimizerConfig) -> optax.Schedule:

@@ -43,6 +43,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from rlrag_jax import settings as settings_lib
 from rlrag_jax.models import ValueLM, value_params_from_policy
 from rlrag_jax.models import sharding
 from rlrag_jax.rl import advantages as adv_lib
@@ -54,11 +55,11 @@ from rlrag_jax.rl.batching import mini_batches as _mini_batches
 from rlrag_jax.rl.packing import (logits_start, pack, pack_micro_batch, plan_micro_batches,
                                    put_rows, take_rows)
 
-CRITICS = ("separate", "head", "tree_mc")
+CRITICS = settings_lib.CRITICS            # rl.ppo.critic
 # rl.kl_form: where rl.kl_beta's KL(policy || ref) acts: 'loss' (a term of the policy loss,
 # GRPO's form) or 'reward' (PPO only: -kl_beta * KL on every policy token's reward before GAE,
 # the OpenRLHF / InstructGPT form; the loss term is then off).
-KL_FORMS = ("loss", "reward")
+KL_FORMS = settings_lib.KL_FORMS
 
 
 def kl_form(rl) -> str:

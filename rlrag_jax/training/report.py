@@ -7,6 +7,7 @@ import logging
 import math
 
 from rlrag_jax import runlog
+from rlrag_jax import settings as settings_lib
 
 log = logging.getLogger("rlrag_jax.trainer")
 
@@ -34,13 +35,14 @@ def log_step(rlog, step, stage, m, every, bar):
       bar.set_postfix({stage: text})
 
 
-def final_label(config) -> str:
+def final_label(settings) -> str:
   """What the final evaluation is called: after the last stage that trained ("after RL",
   "after SFT"), or "untrained" when no stage ran a step. The summary JSON keeps the key
-  "after" whatever the label."""
-  if int(config.rl.steps) > 0:
+  "after" whatever the label. `settings`: `rlrag_jax.settings.Settings` (or a config)."""
+  settings = settings_lib.of(settings)
+  if settings.rl.steps > 0:
     return "after RL"
-  if int(config.sft.steps) > 0:
+  if settings.sft.steps > 0:
     return "after SFT"
   return "untrained"
 

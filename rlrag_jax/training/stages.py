@@ -28,7 +28,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from rlrag_jax import judge, runlog
-from rlrag_jax.config_base import stage_runs
+from rlrag_jax import settings as settings_lib
+from rlrag_jax.settings import BATCH_KEYS, STAGES as STAGE_NAMES, Settings
 from rlrag_jax.data.pipeline import BatchIterator
 from rlrag_jax.models import sharding
 from rlrag_jax.rl.packing import (logits_start, pack, pack_micro_batch, packed_lengths,
@@ -44,7 +45,10 @@ class Stopped(Exception):
 
 @dataclasses.dataclass
 class Run:
-  """Everything one training run holds; stages read and advance it."""
+  """Everything one training run holds; stages read and advance it. `config` is the raw config
+  (saved with each checkpoint, read by the learner and the collection); `settings` its engine
+  sections parsed once (`rlrag_jax.settings`), which the stages read; parsed from `config` when
+  not given."""
   config: Any
   task: Any
   workdir: pathlib.Path
@@ -58,7 +62,7 @@ class Run:
   eval_policy: Any
   eval_examples: list
   iterators: dict              # stage name -> BatchIterator | None
-  evaluate_fn: Callable        # (task, policy, examples, config, desc) -> evaluation dict
+  evaluate_fn: Callable        # (task, policy, examples, settings, desc) -> evaluation dict
   base_key: Any
   pad: int
   stop_after: Optional[int] = None
@@ -75,20 +79,25 @@ class Run:
   val_examples: list = dataclasses.field(default_factory=list)   # the task's validation
   early: Optional[early_stop.EarlyStopping] = None   # set when eval.val_every > 0
   best_ckpt: Any = None        # CheckpointManager of <workdir>/best, made on the first best
+  settings: Optional[Settings] = None
+
+  def __post_init__(self):
+    if self.settings is None:
+      self.settings = settings_lib.of(self.config)
 
   @property
   def sft_total(self) -> int:
-    return int(self.config.sft.steps)
+    return self.settings.sft.steps
 
   @property
   def rl_total(self) -> int:
-    return int(self.config.rl.steps)
+    return self.settings.rl.steps
 
   def evaluate(self, desc: str, examples: Optional[list] = None) -> dict:
     """The evaluation of the current params on `examples` (default: the evaluation set)."""
     return self.evaluate_fn(self.task, self.eval_policy.with_params(self.state.params),
-                            self.eval_examples if examples is None else examples, self.config,
-                            desc)
+                            self.eval_examples if examples is None else examples,
+                            self.settings, desc)
 
   def _best_manager(self):
     if self.best_ckpt is None:
@@ -111,7 +120,7 @@ class Run:
     restored = self._best_manager().restore(target=target, step=int(self.early.best_step))
     self.state = restored.state["train"]
     log.info("the best validation (%s %.4f at step %d) is the final state, not step %d",
-             self.config.eval.val_metric, self.early.best, self.early.best_step, self.step)
+             self.settings.eval.val_metric, self.early.best, self.early.best_step, self.step)
     return True
 
   def close_checkpoints(self) -> None:
@@ -151,7 +160,7 @@ class Run:
       return self.steps.checkpoint_target(self.learner.abstract_critic() if with_critic
                                           else None)
     restored = self.ckpt.restore_latest(target=target, set_aside_corrupt=True)
-    check_resumed_steps(self.config, restored.meta.get("steps"))
+    check_resumed_steps(self.settings, restored.meta.get("steps"))
     self.step, self.stage = restored.step, restored.meta["stage"]
     for name, it in self.iterators.items():
       if it is not None and restored.data_position.get(name) is not None:
@@ -171,8 +180,9 @@ class Run:
 
   def finish_step(self, stage: str, metrics: dict) -> None:
     """Logs a step, saves on the interval, stops after `stop_after`."""
-    report.log_step(self.rlog, self.step, stage, metrics, self.config.log_every, self.bar)
-    if self.config.checkpoint.every and self.step % self.config.checkpoint.every == 0:
+    report.log_step(self.rlog, self.step, stage, metrics, self.settings.log_every, self.bar)
+    every = self.settings.checkpoint.every
+    if every and self.step % every == 0:
       self.save(stage)
     if self.stop_after is not None and self.step >= self.stop_after:
       raise Stopped()
@@ -199,10 +209,11 @@ def sft_rows(task, items) -> tuple:
 def sft_batches(prompts, targets, masks, sft, pad_id: int, shards: int) -> list:
   """One SFT step's host batches [(batch, logits_start)]: the whole batch, or with
   `sft.tokens_per_micro_batch` its length-sorted micro-batches of at most that many padded
-  tokens (`rl.packing.plan_micro_batches`), rows padded to a multiple of `shards`."""
+  tokens (`rl.packing.plan_micro_batches`), rows padded to a multiple of `shards`. `sft`:
+  `settings.SFTSettings`."""
   packing = dict(pad_id=pad_id, max_len=sft.max_len, bucket=sft.pack_bucket,
                  prompt_loss=sft.prompt_loss)
-  budget = learners.token_budget(sft)
+  budget = sft.token_budget
   if budget:
     plan = plan_micro_batches(*packed_lengths(prompts, targets, sft.max_len), budget,
                               bucket=sft.pack_bucket, shards=shards)
@@ -216,21 +227,21 @@ class SFTStage:
   """Supervised warm-up on the task's targets (or its `sft_samples`)."""
   name = "sft"
 
-  def steps(self, config) -> int:
-    return int(config.sft.steps)
+  def steps(self, settings: Settings) -> int:
+    return settings.sft.steps
 
   def enter(self, run: Run) -> None:
     pass
 
   def loop(self, run: Run, end: int) -> None:
-    config, task = run.config, run.task
+    sft, task = run.settings.sft, run.task
     it = run.iterators["sft"]
     while run.stage == "sft" and run.step < end:
       run.step += 1
-      parts = sft_batches(*sft_rows(task, next(it)), config.sft, run.pad,
+      parts = sft_batches(*sft_rows(task, next(it)), sft, run.pad,
                           learners.shard_count(run.mesh))
       parts = [(sharding.shard_batch(batch, run.mesh), start) for batch, start in parts]
-      if learners.token_budget(config.sft):
+      if sft.token_budget:
         run.state, m = run.steps.sft_step.accumulated(run.state, parts)
       else:
         run.state, m = run.steps.sft_step(run.state, *parts[0])
@@ -242,8 +253,8 @@ class RLStage:
   """RL on the task's rollouts: collection (training.collection), then the learner's update."""
   name = "rl"
 
-  def steps(self, config) -> int:
-    return int(config.rl.steps)
+  def steps(self, settings: Settings) -> int:
+    return settings.rl.steps
 
   def enter(self, run: Run) -> None:
     """The switch from SFT: the warm-up policy is the reference and the "before" baseline."""
@@ -262,15 +273,15 @@ class RLStage:
       run.rlog.write(run.step, "eval_before", run.before["all"])
 
   def loop(self, run: Run, end: int) -> None:
-    config = run.config
+    every = run.settings.eval.every
     while run.step < end and not (run.early is not None and run.early.should_stop):
       run.step += 1
       key = jax.random.fold_in(run.base_key, run.step)
       t0 = time.time()
       endpoints = judge.Span(list(run.task.monitors()))   # judge/..., reader/... of this step
       batch, fill = collection.collect(
-          run.task, run.policy.with_params(run.state.params), run.iterators["rl"], key, config,
-          run.step - run.sft_total)
+          run.task, run.policy.with_params(run.state.params), run.iterators["rl"], key,
+          run.config, run.step - run.sft_total)
       rollout_s = time.time() - t0
       run.state, run.critic, m = run.learner.update(run.state, run.critic, batch,
                                                     run.ref_params, jax.random.fold_in(key, 0))
@@ -285,22 +296,22 @@ class RLStage:
       m.update(run.compiles.take())
       done = run.step - run.sft_total
       self._validate(run, done, m)       # before the step's save: the checkpoint holds it
-      if config.eval.every and done % config.eval.every == 0 and run.step < end:
+      if every and done % every == 0 and run.step < end:
         self._mid_eval(run, done, m)
       else:
         run.finish_step("rl", m)
     if run.early is not None and run.early.should_stop and run.step < end:
       log.info("early stop after RL step %d: %d validations without a better %s than %.4f "
                "(step %d; eval.early_stop_patience=%d)", run.step - run.sft_total,
-               run.early.since_best, config.eval.val_metric, run.early.best,
+               run.early.since_best, run.settings.eval.val_metric, run.early.best,
                run.early.best_step, run.early.patience)
 
   def _validate(self, run: Run, done: int, m: dict) -> None:
     """Every eval.val_every RL steps: the validation set's eval.val_metric, a new best saved."""
-    every = int(run.config.eval.val_every)
+    every = run.settings.eval.val_every
     if not every or done % every:
       return
-    key = run.config.eval.val_metric
+    key = run.settings.eval.val_metric
     val = run.evaluate("validation", run.val_examples)
     run.rlog.write(run.step, "validation", val["all"])
     if key not in val["all"]:
@@ -311,25 +322,29 @@ class RLStage:
       run.save_best(val["all"][key])
 
   def _mid_eval(self, run: Run, done: int, m: dict) -> None:
-    report.log_step(run.rlog, run.step, "rl", m, run.config.log_every, run.bar)
+    report.log_step(run.rlog, run.step, "rl", m, run.settings.log_every, run.bar)
     mid = run.evaluate("eval")
     run.rlog.write(run.step, "eval", mid["all"])
     # Per-example rows of this evaluation too (paired comparisons against a mid-run point,
     # e.g. the end of a reward stage): eval_rows_rl<k>.json, k = RL steps done.
     runlog.write_atomic(run.workdir / f"eval_rows_rl{done}.json", json.dumps(
         {"all": mid["all"], "rows": report.slim(mid["rows"])}))
-    if run.config.checkpoint.every and run.step % run.config.checkpoint.every == 0:
+    ckpt_every = run.settings.checkpoint.every
+    if ckpt_every and run.step % ckpt_every == 0:
       run.save("rl")
     if run.stop_after is not None and run.step >= run.stop_after:
       raise Stopped()
 
 
 STAGES = {"sft": SFTStage, "rl": RLStage}
+assert tuple(STAGES) == STAGE_NAMES, "settings.STAGES names the stages config_check allows"
 
 
-def plan(config) -> list:
-  """[(stage, last global step)] in `config.stages` order (config_base: sft then rl)."""
-  names = tuple(config.stages)
+def plan(settings) -> list:
+  """[(stage, last global step)] in `config.stages` order (config_base: sft then rl);
+  `settings`: `rlrag_jax.settings.Settings` (or a config, parsed)."""
+  settings = settings_lib.of(settings)
+  names = settings.stages
   unknown = [n for n in names if n not in STAGES]
   if unknown or len(set(names)) != len(names):
     raise ValueError(f"config key 'stages' is {names}; expected distinct names from "
@@ -337,7 +352,7 @@ def plan(config) -> list:
   out, end = [], 0
   for n in names:
     stage = STAGES[n]()
-    end += stage.steps(config)
+    end += stage.steps(settings)
     out.append((stage, end))
   return out
 
@@ -349,7 +364,7 @@ def sft_samples(task, config) -> Optional[list]:
   is None by default), the flattened samples of every training example; the SFT stage then
   batches samples, not examples (and `sft.epochs` counts passes over them). None for a task
   without it or when SFT does not run."""
-  if task.sft_samples is None or not stage_runs(config.sft):
+  if task.sft_samples is None or not settings_lib.of(config).sft.runs:
     return None
   out = []
   for ex in task.train:
@@ -368,24 +383,24 @@ def stage_iterators(train, config, sft_items=None) -> tuple[Optional[BatchIterat
   """(SFT, RL) batch iterators over the training examples (SFT: over `sft_items` when given,
   see `sft_samples`), each built only when its stage runs (steps > 0; else None). A training
   set smaller than a stage's batch is an error naming that stage and its batch key; a stage
-  that does not run asks nothing of the data."""
+  that does not run asks nothing of the data. `config`: `Settings` (or a config, parsed)."""
+  settings = settings_lib.of(config)
   out = []
-  for stage, batch_key, seed in (("sft", "batch_size", config.seed),
-                                 ("rl", "prompts_per_step", config.seed + 1)):
-    section = config[stage]
-    if int(section.steps) <= 0:
+  for stage, seed in (("sft", settings.seed), ("rl", settings.seed + 1)):
+    section = settings.stage(stage)
+    if section.steps <= 0:
       out.append(None)
       continue
     items = sft_items if stage == "sft" and sft_items is not None else train
-    batch = int(section[batch_key])
+    batch, batch_key = section.batch, BATCH_KEYS[stage]
     what = "SFT samples" if items is sft_items else "training examples"
     if len(items) < batch:
-      skip = (f"'{stage}.epochs=0'" if float(section.epochs) > 0 else f"'{stage}.steps=0'")
+      skip = (f"'{stage}.epochs=0'" if section.epochs > 0 else f"'{stage}.steps=0'")
       raise ValueError(
           f"{stage} stage: {len(items)} {what}, fewer than one batch "
           f"(config key '{stage}.{batch_key}' = {batch}); lower it, add data, or set "
           f"{skip} to skip the stage")
-    window = int(section.group_by_length) if stage == "sft" else 0
+    window = section.group_by_length if stage == "sft" else 0
     lengths = [len(x[0]) + len(x[1]) for x in items] if window and items is sft_items else None
     out.append(BatchIterator(items, batch_size=batch, seed=seed, lengths=lengths,
                              length_window=window))
@@ -393,8 +408,6 @@ def stage_iterators(train, config, sft_items=None) -> tuple[Optional[BatchIterat
 
 
 # ------------------------------------------------------------------------------------ length
-BATCH_KEYS = {"sft": "batch_size", "rl": "prompts_per_step"}
-
 
 def epoch_steps(items: int, global_batch: int, epochs: float) -> int:
   """Steps for `epochs` passes over `items` at `global_batch` a step: ceil(epochs * items /
@@ -427,14 +440,16 @@ def resolve_steps(config, train, sft_items=None, process_count: Optional[int] = 
   `jax.process_count()`, as the batch iterators) items a step (`epoch_steps`). `lengths` holds
   a `Length` per such stage, each logged once here. Every consumer of a stage's length (the
   stage plan, the lr schedules, the PPO critic's schedule, the final label) reads the returned
-  config's `<stage>.steps`, so this is the only place epochs become steps. Without epochs the
-  config comes back as it is. Setting both `<stage>.steps` and `<stage>.epochs` is an error
-  naming the two keys. The count is a function of the data and config, so a resumed run
-  computes the same one (`check_resumed_steps` makes sure)."""
+  config's `<stage>.steps` (its settings: `Settings.with_steps`), so this is the only place
+  epochs become steps. Without epochs the config comes back as it is. Setting both
+  `<stage>.steps` and `<stage>.epochs` is an error naming the two keys. The count is a function
+  of the data and config, so a resumed run computes the same one (`check_resumed_steps` makes
+  sure)."""
+  settings = settings_lib.of(config)
   lengths = {}
   for stage, key in BATCH_KEYS.items():
-    section = config[stage]
-    epochs, fixed = float(section.epochs), int(section.steps)
+    section = settings.stage(stage)
+    epochs, fixed = section.epochs, section.steps
     if epochs <= 0:
       continue
     if fixed:
@@ -444,7 +459,7 @@ def resolve_steps(config, train, sft_items=None, process_count: Optional[int] = 
     items = sft_items if stage == "sft" and sft_items is not None else train
     if process_count is None:
       process_count = jax.process_count()
-    batch = int(section[key]) * int(process_count)
+    batch = section.batch * int(process_count)
     lengths[stage] = Length(stage, len(items), batch, epochs,
                             epoch_steps(len(items), batch, epochs))
     what = "SFT samples" if items is sft_items else "training examples"
@@ -463,14 +478,16 @@ def check_resumed_steps(config, saved: Optional[dict]) -> None:
   """A resumed run's stage lengths, where counted in epochs, must be the ones its checkpoint
   was saved with (`saved`: the checkpoint's {'sft': steps, 'rl': steps}; None before such a
   record): otherwise the data changed under the run, and its global step numbers, stage switch
-  and lr schedules would no longer be those of the run it resumes."""
+  and lr schedules would no longer be those of the run it resumes. `config`: `Settings` (or a
+  config, parsed)."""
   if not saved:
     return
+  settings = settings_lib.of(config)
   for stage in BATCH_KEYS:
-    section = config[stage]
-    if float(section.epochs) > 0 and int(saved[stage]) != int(section.steps):
+    section = settings.stage(stage)
+    if section.epochs > 0 and int(saved[stage]) != section.steps:
       raise ValueError(
-          f"resume: '{stage}.epochs' = {float(section.epochs):g} gives {int(section.steps)} "
+          f"resume: '{stage}.epochs' = {section.epochs:g} gives {section.steps} "
           f"{stage} steps over this start's data, but the checkpoint's run had "
           f"{int(saved[stage])}; the training data (or '{stage}.{BATCH_KEYS[stage]}') changed "
           "since it started")

@@ -6,14 +6,14 @@ import logging
 import jax
 import jax.numpy as jnp
 
+from rlrag_jax import settings as settings_lib
 from rlrag_jax.models import DecoderLM, ModelConfig, init_params, load_hf
 from rlrag_jax.rl import optim_state, step_factories
-from rlrag_jax.training import learners
+from rlrag_jax.settings import MODEL_INITS, RLSettings  # noqa: F401 (MODEL_INITS: model.init)
 
 log = logging.getLogger("rlrag_jax.trainer")
 
 # ------------------------------------------------------------------------------------ model
-MODEL_INITS = ("scratch", "hf")       # config key model.init
 
 
 def _warn_interpreted_kernels(m) -> None:
@@ -68,48 +68,47 @@ def _round_vocab(n: int, multiple: int = 64) -> int:
 
 
 # ------------------------------------------------------------------------------------ steps
-def policy_loss_config(rl, **overrides):
-  """The policy loss of config section `rl` (`rl.step_factories.LossConfig`); `overrides` replace
+def policy_loss_config(rl: RLSettings, **overrides):
+  """The policy loss of the `rl` settings (`rl.step_factories.LossConfig`); `overrides` replace
   fields (e.g. beta=0.0)."""
   fields = dict(
       eps_low=rl.clip_eps_low, eps_high=rl.clip_eps_high, dual_clip=rl.dual_clip or None,
       aggregation=rl.aggregation, max_completion_len=rl.max_new_tokens,
       # rl.kl_form 'reward': the KL is in the PPO rewards (learners), not in the loss
-      beta=rl.kl_beta if learners.kl_form(rl) == "loss" else 0.0,
+      beta=rl.kl_beta if rl.checked_kl_form == "loss" else 0.0,
       kl_estimator=rl.kl_estimator, temperature=rl.temperature,
-      entropy_coef=float(rl.entropy_coef))
+      entropy_coef=rl.entropy_coef)
   return step_factories.LossConfig(**{**fields, **overrides})
 
 
 class Steps:
-  """The jitted pieces the loop calls, built once: SFT update, RL update, log-prob forward."""
+  """The jitted pieces the loop calls, built once: SFT update, RL update, log-prob forward.
+  `config`: the run's `rlrag_jax.settings.Settings` (or a config, parsed)."""
 
   def __init__(self, config, model_cfg: ModelConfig, mesh, sft_total: int, rl_total: int):
     self.module = DecoderLM(model_cfg)
     self.mesh = mesh
-    rl = config.rl
+    settings = settings_lib.of(config)
+    sft, rl = settings.sft, settings.rl
     self.sft_opt = optim_state.make_optimizer(optim_state.OptimizerConfig(
-        lr=config.sft.lr, schedule=config.sft.lr_schedule, warmup_ratio=config.sft.warmup_ratio,
-        total_steps=max(sft_total, 2),
-        weight_decay=config.sft.weight_decay, max_grad_norm=1.0))
+        lr=sft.lr, schedule=sft.lr_schedule, warmup_ratio=sft.warmup_ratio,
+        total_steps=max(sft_total, 2), weight_decay=sft.weight_decay, max_grad_norm=1.0))
     self.rl_opt = optim_state.make_optimizer(optim_state.OptimizerConfig(
         lr=rl.lr, schedule=rl.lr_schedule, warmup_ratio=rl.warmup_ratio,
-        total_steps=learners.schedule_length(rl, rl_total),
+        total_steps=rl.schedule_length(rl_total),
         weight_decay=rl.weight_decay, max_grad_norm=rl.max_grad_norm),
-        by_rl_step=learners.schedule_by_rl_step(rl))
+        by_rl_step=rl.schedule_by_rl_step)
     self.loss_cfg = policy_loss_config(rl)
     # With a token budget the host packs the micro-batches (`accumulated`): no equal splits.
-    self.sft_step = step_factories.make_sft_step(self.module, self.sft_opt, mesh,
-                                     micro_batches=learners.equal_micro_batches(config.sft),
-                                     logits_chunk=int(config.sft.logits_chunk),
-                                     head_backward=config.sft.head_backward)
-    self.rl_step = step_factories.make_policy_step(self.module, self.rl_opt, mesh, self.loss_cfg,
-                                       micro_batches=learners.equal_micro_batches(rl),
-                                       logits_chunk=int(rl.logits_chunk),
-                                       head_backward=rl.head_backward)
-    self.logp = step_factories.make_logprob_fn(self.module, mesh, temperature=rl.temperature,
-                                   micro_batches=learners.equal_micro_batches(rl),
-                                   logits_chunk=int(rl.logits_chunk))
+    self.sft_step = step_factories.make_sft_step(
+        self.module, self.sft_opt, mesh, micro_batches=sft.equal_micro_batches,
+        logits_chunk=sft.logits_chunk, head_backward=sft.head_backward)
+    self.rl_step = step_factories.make_policy_step(
+        self.module, self.rl_opt, mesh, self.loss_cfg, micro_batches=rl.equal_micro_batches,
+        logits_chunk=rl.logits_chunk, head_backward=rl.head_backward)
+    self.logp = step_factories.make_logprob_fn(
+        self.module, mesh, temperature=rl.temperature, micro_batches=rl.equal_micro_batches,
+        logits_chunk=rl.logits_chunk)
     self.with_ref = rl.kl_beta > 0        # the KL loss term or reward needs the reference
 
   def new_state(self, params, stage: str):

@@ -68,13 +68,18 @@ def _generator_cfg_file(folder) -> str:
 @pytest.fixture(scope="module")
 def generator(tmp_path_factory):
   """The frozen generator of every steering run here, made the way a user gets it: the first
-  steering run finds no trained run at `models.generator.path` and trains one from
-  `models.generator.train_config` before its own first step (the run stops after that step)."""
+  steering run's dependency step (`trainer.train_dependencies`, which `python -m
+  rlrag_jax.train` takes before the run) finds no trained run at `models.generator.path` and
+  trains one from `models.generator.train_config`; the run itself, refused before that, then
+  loads it (and stops after its first step)."""
   root = tmp_path_factory.mktemp("gen")
   path = root / "run"
   c = _steering_cfg(root / "first_steering", path)
   c.models.generator.train_config = _generator_cfg_file(root)
   c.rl.steps, c.sft.steps = 1, 1
+  with pytest.raises(FileNotFoundError, match="'models.generator.path'.*train_dependencies"):
+    trainer.run(c, progress=False, stop_after=1)
+  trainer.train_dependencies(c)
   assert trainer.run(c, progress=False, stop_after=1) is None
   assert json.loads((path / "config.json").read_text())["sft"]["steps"] == 3   # its own config
   assert "em" in json.loads((path / "eval_summary.json").read_text())["after"]
@@ -125,6 +130,7 @@ def test_generator_is_trained_once_from_its_config(tmp_path, generator):
   c = _steering_cfg(tmp_path / "b", generator)
   c.models.generator.train_config = _generator_cfg_file(tmp_path)
   c.rl.steps, c.sft.steps = 1, 1
+  trainer.train_dependencies(c)
   assert trainer.run(c, progress=False, stop_after=1) is None
   assert (generator / "eval_summary.json").stat().st_mtime_ns == stamp
   assert (tmp_path / "b" / "metrics.jsonl").is_file()      # the second run did start

@@ -73,13 +73,15 @@ def _reader_cfg_file(folder) -> str:
 @pytest.fixture(scope="module")
 def reader(tmp_path_factory):
   """The reader every proxy run here reads with, made the way a user gets it: the first proxy
-  run finds no trained run at `models.reader.path` and trains one from
-  `models.reader.train_config` before its own first step (the run stops after that step)."""
+  run's dependency step (`trainer.train_dependencies`, which `python -m rlrag_jax.train` takes
+  before the run) finds no trained run at `models.reader.path` and trains one from
+  `models.reader.train_config`; the run then loads it (and stops after its first step)."""
   root = tmp_path_factory.mktemp("reader")
   path = root / "run"
   c = _proxy_cfg(root / "first_proxy", path)
   c.models.reader.train_config = _reader_cfg_file(root)
   c.rl.steps, c.sft.steps = 1, 1
+  trainer.train_dependencies(c)
   assert trainer.run(c, progress=False, stop_after=1) is None
   summary = json.loads((path / "eval_summary.json").read_text())
   assert {"em", "f1", "thought_match"} <= set(summary["after"])
@@ -192,6 +194,7 @@ def test_reader_is_trained_once_from_its_config(tmp_path, reader):
   c = _proxy_cfg(tmp_path / "b", reader)
   c.models.reader.train_config = _reader_cfg_file(tmp_path)
   c.rl.steps, c.sft.steps = 1, 1
+  trainer.train_dependencies(c)
   assert trainer.run(c, progress=False, stop_after=1) is None
   assert (reader / "eval_summary.json").stat().st_mtime_ns == stamp
   assert (tmp_path / "b" / "metrics.jsonl").is_file()      # the second proxy run did start

@@ -3,13 +3,15 @@ micro-batches of different widths (each with its own logits_start, zero pad rows
 one-batch update of the same episodes, for the policy step with a KL term, the SFT step and the
 PPO critic step, and for every aggregation mode; the learners give the same params with
 `rl.tokens_per_micro_batch` as without."""
+import dataclasses
+
 import jax
 import numpy as np
 import optax
 import pytest
 
 from configs import arena
-from rlrag_jax import rl, trainer
+from rlrag_jax import rl, settings, trainer
 from rlrag_jax.models import sharding as shd
 from rlrag_jax.models.config import ModelConfig
 from rlrag_jax.models.decoder import DecoderLM, ValueLM
@@ -141,8 +143,8 @@ def test_value_step_over_token_budget_equals_one_batch(data, policy_params):
 def test_sft_batches_split_the_whole_batch_by_token_budget():
   """The SFT stage's batches (host only): the same rows, truncated and weighted as the whole
   batch's, within the budget, in shard multiples, with the whole batch's normalisers."""
-  sft = arena.get_config("").sft
-  sft.max_len, sft.pack_bucket, sft.prompt_loss = 24, 4, 0.25
+  sft = dataclasses.replace(settings.Settings.from_config(arena.get_config("")).sft,
+                            max_len=24, pack_bucket=4, prompt_loss=0.25)
   rng = np.random.default_rng(3)
   prompts = [list(rng.integers(2, 64, size=k)) for k in (3, 12, 5, 2, 9)]
   targets = [list(rng.integers(2, 64, size=k)) for k in (30, 2, 6, 1, 3)]
@@ -157,10 +159,10 @@ def test_sft_batches_split_the_whole_batch_by_token_budget():
           out.append((tuple(ids[attn > 0]), tuple(lm[attn > 0])))
     return sorted(out)
 
-  sft.tokens_per_micro_batch = 0
-  whole = stages.sft_batches(prompts, targets, masks, sft, 0, 2)
-  sft.tokens_per_micro_batch = 40
-  parts = stages.sft_batches(prompts, targets, masks, sft, 0, 2)
+  whole = stages.sft_batches(prompts, targets, masks,
+                             dataclasses.replace(sft, tokens_per_micro_batch=0), 0, 2)
+  parts = stages.sft_batches(prompts, targets, masks,
+                             dataclasses.replace(sft, tokens_per_micro_batch=40), 0, 2)
   assert len(whole) == 1 and len(parts) > 1
   assert rows(parts) == rows(whole)
   for b, start in parts:

@@ -4,9 +4,9 @@ model, no rollouts), against a hand-computed metric sequence."""
 import types
 
 import jax
-import ml_collections
 import pytest
 
+from rlrag_jax import config_base
 from rlrag_jax.tasks import Episode, Group
 from stub_task import StubTask
 from rlrag_jax.training import batch as batch_lib
@@ -37,12 +37,12 @@ class _Log:
     self.rows.append((step, stage, dict(metrics)))
 
 
-def _run(metric_values, *, val_every, patience, rl_steps):
+def _run(metric_values, *, val_every, patience, rl_steps, val_metric="recall"):
   """A Run over stubs whose validation at its k-th call returns metric_values[k]."""
-  config = ml_collections.ConfigDict(dict(
-      sft=dict(steps=0), rl=dict(steps=rl_steps), log_every=1, checkpoint=dict(every=0),
-      eval=dict(every=0, val_every=val_every, val_metric="recall",
-                early_stop_patience=patience)))
+  config = config_base.trainer_config("stub", "unused")
+  config.sft.steps, config.rl.steps, config.log_every, config.checkpoint.every = 0, rl_steps, 1, 0
+  config.eval.update(dict(every=0, val_every=val_every, val_metric=val_metric,
+                          early_stop_patience=patience))
   values = iter(metric_values)
   asked = []
 
@@ -95,7 +95,6 @@ def test_rl_stage_without_patience_runs_to_the_end_and_keeps_the_best(stub_colle
 
 
 def test_a_missing_validation_metric_names_the_config_key(stub_collect):
-  run, _, _ = _run([0.3], val_every=1, patience=0, rl_steps=2)
-  run.config.eval.val_metric = "full_recal"
+  run, _, _ = _run([0.3], val_every=1, patience=0, rl_steps=2, val_metric="full_recal")
   with pytest.raises(ValueError, match=r"'eval.val_metric' is 'full_recal'.*\['n', 'recall'\]"):
     stages.RLStage().loop(run, end=2)

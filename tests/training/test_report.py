@@ -1,14 +1,14 @@
 """The final report names the stage that trained: an SFT-only run is not labelled "after RL"."""
 import json
 
-import ml_collections
-
-from rlrag_jax import runlog
+from rlrag_jax import config_base, runlog, settings
 from rlrag_jax.training import report
 
 
 def _config(sft_steps, rl_steps):
-  return ml_collections.ConfigDict(dict(sft=dict(steps=sft_steps), rl=dict(steps=rl_steps)))
+  c = config_base.trainer_config("stub", "unused")
+  c.sft.steps, c.rl.steps = sft_steps, rl_steps
+  return settings.Settings.from_config(c)
 
 
 def test_final_label_follows_the_last_stage_that_ran():

@@ -111,6 +111,7 @@ def main(argv: Optional[list] = None) -> int:
   if fl.config is None or not fl.out or not fl.url:
     print("usage: --config=... --url=... --model=... --out=FILE", file=sys.stderr)
     return 2
+  from rlrag_jax import settings
   from rlrag_jax.methods.sparkle import task as task_lib
   config = fl.config
   task = task_lib.ProxyTask(config)
@@ -118,10 +119,11 @@ def main(argv: Optional[list] = None) -> int:
     from rlrag_jax.models.sharding import make_mesh
     from rlrag_jax import run_dirs
     run_dirs.bind(task, run_dirs.load_models(config.models, make_mesh()))
+  engine = settings.Settings.from_config(config)
   propose = endpoint_proposer(fl.url, fl.model, task.max_new,
-                              temperature=float(config.rl.temperature))
+                              temperature=engine.rl.temperature)
   counts = collect(task, task.train, propose, fl.out, min_f1=fl.min_f1, limit=fl.limit,
-                   reader_rows=int(config.eval.batch_size))
+                   reader_rows=engine.eval.batch_size)
   print(json.dumps(counts))
   return 0
 
