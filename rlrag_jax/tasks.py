@@ -339,8 +339,8 @@ def select_data(config):
 
 def use_tokenizer(task, config, special_tokens, *, chat: bool = True) -> None:
   """Sets `task.tokenizer` (`data.tokenizer.tokenizer_for`: the config model's, or one trained
-  on `task.tokenizer_texts` with `special_tokens`) and `task.use_chat` (the model's chat template, when
-  `model.chat_template` asks for it and `chat`)."""
+  on `task.tokenizer_texts` with `special_tokens`) and `task.use_chat` (the model's chat
+  template, when `model.chat_template` asks for it and `chat`)."""
   from rlrag_jax.data.tokenizer import tokenizer_for
   tok = tokenizer_for(config.model, config.workdir, task.tokenizer_texts, special_tokens)
   task.tokenizer = tok

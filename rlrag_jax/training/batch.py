@@ -8,8 +8,8 @@ beside its episodes (`Batch.metrics`, one dict per episode) to the step's log.
 
 Silenced groups (dynamic sampling's dropped groups, and the padding below) are copies whose
 loss mask is all zero (`silence_group`, the one place a `Group` is made with `padding` set):
-`Batch.live` is False on them, their advantage is 0, and their ids are their own, so they neither count in the loss nor move a real group's mean or
-std.
+`Batch.live` is False on them, their advantage is 0, and their ids are their own, so they
+neither count in the loss nor move a real group's mean or std.
 
 Padding (`pad`) brings a step's episode count to one the update splits evenly (a multiple of
 `rl.batching.episode_unit`) with whole silenced groups under fresh ids: as many groups of the

@@ -7,8 +7,8 @@ that override it). What happens to them next is the engine's alone, the same for
       DAPO: groups whose `rl.dynamic_sampling_key` reward does not vary are dropped and fresh
       ones drawn (`rl.dynamic_max_tries` draws at most). When tries run out, the batch is
       padded back to `rl.prompts_per_step` groups with dropped groups silenced
-      (`batch_lib.silence_group`: loss masks zeroed, `Group.padding` set, advantage 0), so the update's
-      shapes never change and the padding adds nothing to the loss. When no group at all was
+      (`batch_lib.silence_group`: loss masks zeroed, `Group.padding` set, advantage 0), so the
+      update's shapes never change and the padding adds nothing to the loss. When no group at all was
       kept, the last draw is trained on as drawn (its advantages come from the total reward,
       which may vary where the sampling key did not).
   otherwise

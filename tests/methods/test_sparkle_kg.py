@@ -1,6 +1,6 @@
 """SPARKLE's knowledge graph is built without evaluation labels (issue 32, defect 2): built as
-ProxyTask builds it (sources.select, CorpusSearch, triples.knowledge_graph), no evaluation question's
-gold evidence triple is in it."""
+ProxyTask builds it (sources.select, CorpusSearch, triples.knowledge_graph), no evaluation
+question's gold evidence triple is in it."""
 import numpy as np
 import pytest
 

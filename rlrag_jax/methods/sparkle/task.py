@@ -15,11 +15,9 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import pathlib
 import random
-import re
 import time
 
 import numpy as np

@@ -3,10 +3,10 @@
 Every document's triples are known offline (the paper extracts them with an LLM and caches
 them; the embedded world ships the triples its passages state; a real corpus loads the file
 written by `python -m rlrag_jax.methods.sparkle.extract_triples`, else `sparkle.kg_default`
-decides: `knowledge_graph` below, which never sees an evaluation question). At a retrieval, the
-triples of the retrieved documents (the paper: top-10) are ranked by the encoder's similarity to the query
-and the best `top_triples` (the paper: 20) become the candidates, each remembering its source
-document (which joins the context when the agent selects it).
+decides: `knowledge_graph` below, which never sees an evaluation question). At a retrieval,
+the triples of the retrieved documents (the paper: top-10) are ranked by the encoder's
+similarity to the query and the best `top_triples` (the paper: 20) become the candidates, each
+remembering its source document (which joins the context when the agent selects it).
 
 Candidates only ever come from retrieved documents' own triples: a question's reasoning path
 (`Example.triples`, 2Wiki's `evidences`) is never offered, so the answer cannot leak through it.
