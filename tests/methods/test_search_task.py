@@ -322,8 +322,8 @@ def test_eval_metrics(task):
 def test_judge_gets_the_question(task, monkeypatch):
   from rlrag_jax import judge
   calls = []
-  monkeypatch.setattr(judge.OpenAIJudge, "__call__",
-                      lambda self, q, pred, answers: calls.append((q, pred, answers)) or True)
+  monkeypatch.setattr(judge.OpenAIJudge, "_judge_one",      # every question the batch asks
+                      lambda self, item: calls.append((item[0], item[1], list(item[2]))) or True)
   task._judge = judge.OpenAIJudge("http://localhost:1/v1", "m")
   try:
     ex = task.train[0]
@@ -340,7 +340,7 @@ def test_judge_gets_the_question(task, monkeypatch):
 
 def test_unjudged_reply_scores_wrong_and_is_counted(task, monkeypatch):
   from rlrag_jax import judge
-  monkeypatch.setattr(judge.OpenAIJudge, "__call__", lambda self, q, pred, answers: None)
+  monkeypatch.setattr(judge.OpenAIJudge, "_judge_one", lambda self, item: None)
   task._judge = judge.OpenAIJudge("http://localhost:1/v1", "m")
   try:
     ex = task.train[0]
