@@ -244,7 +244,7 @@ class SingleStreamTask(RLTask):
 
     sft_samples  one sample per example: prompt, target, `sft_loss_mask`
     collect      `group_size` `rollout` samples per example, scored by `rewards`, one Group
-                 per example (its `group_metrics`: none)
+                 per example (no metrics)
     evaluate     the greedy `rollout` (`eval_rollout`), scored by `eval_metrics`, whose
                  'prediction' becomes the row's prediction and the decoded text its completion
 
