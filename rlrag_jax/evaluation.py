@@ -1,4 +1,5 @@
-"""Greedy evaluation of a policy on a task's held-out examples, with a per-hop breakdown."""
+"""Evaluation of a policy on a task's held-out examples (`Task.evaluate`'s rows), averaged,
+with per-hop and per-dataset breakdowns."""
 from __future__ import annotations
 
 import collections
@@ -10,12 +11,13 @@ import numpy as np
 
 def evaluate(task, policy, examples: Sequence, *, batch_size: int = 64, seed: int = 0,
              progress: bool = True, desc: str = "eval", judge=None) -> dict:
-  """Runs greedy rollouts and averages `task.eval_metrics`; returns {'all': {...}, 'hops=k': {...},
-  'dataset=name': {...} (when the examples come from several datasets), 'rows': [per-example
-  dicts]}.
+  """Runs `task.evaluate` a batch at a time and averages its rows' metrics; returns
+  {'all': {...}, 'hops=k': {...}, 'dataset=name': {...} (when the examples come from several
+  datasets), 'rows': [per-example dicts: the metrics, 'prediction', 'hops', 'id', 'dataset',
+  'completion']}.
 
   `judge` (optional: a `judge.OpenAIJudge` with the method's prompt) adds a 'judge' accuracy
-  column, judged on the 'prediction' string that eval_metrics returns, a batch at a time
+  column, judged on each row's `EvalRow.prediction`, a batch at a time
   (`judge_many`); None ("not judged": the endpoint failed) scores 0.
 
   The calls and failures of the endpoints used meanwhile (that judge, and the task's own
@@ -33,18 +35,21 @@ def evaluate(task, policy, examples: Sequence, *, batch_size: int = 64, seed: in
   for start in it:
     chunk = list(examples[start:start + batch_size])
     rng, sub = jax.random.split(rng)
-    episodes = task.eval_rollout(policy, chunk, sub)       # default: the greedy rollout
-    batch_metrics = list(task.eval_metrics_batch(episodes))
+    got = list(task.evaluate(policy, chunk, sub))
+    if len(got) != len(chunk):
+      raise ValueError(f"{type(task).__name__}.evaluate returned {len(got)} rows for "
+                       f"{len(chunk)} examples")
     if judge is not None:
-      verdicts = judge.judge_many([(ep.example.question, em.get("prediction", ""),
-                                    ep.example.answers) for ep, em in zip(episodes, batch_metrics)])
-    for k, (ep, em) in enumerate(zip(episodes, batch_metrics)):
-      m = dict(em)
-      has_hops = has_hops or hasattr(ep.example, "hops")
-      m["hops"] = int(getattr(ep.example, "hops", 0) or 0)
-      m["id"] = getattr(ep.example, "id", "")
-      m["dataset"] = getattr(ep.example, "source", "") or ""
-      m["completion"] = ep.text
+      verdicts = judge.judge_many([(r.example.question, r.prediction, r.example.answers)
+                                   for r in got])
+    for k, r in enumerate(got):
+      ex = r.example
+      m = {**r.metrics, "prediction": r.prediction}
+      has_hops = has_hops or hasattr(ex, "hops")
+      m["hops"] = int(getattr(ex, "hops", 0) or 0)
+      m["id"] = getattr(ex, "id", "")
+      m["dataset"] = getattr(ex, "source", "") or ""
+      m["completion"] = r.prediction if r.completion is None else r.completion
       if judge is not None:
         m["judge"] = float(verdicts[k] is True)
       rows.append(m)

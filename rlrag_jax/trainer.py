@@ -48,13 +48,18 @@ class RunResult:
 
 
 def _check_stages(task, config) -> None:
-  """Refuses a stage the task does not train (`Task.stages`), a stage with no examples, and RL
-  settings its groups do not fit (`Task.group_size`, `Task.sibling_baselines`). `config`: the
-  run's config (its `method`) or, with it, its parsed settings (`settings.of`)."""
+  """Refuses RL for a task that is not an `RLTask` (an SFT-only role), a stage with no
+  examples, and RL settings its groups do not fit (`RLTask.group_size`,
+  `RLTask.sibling_baselines`). `config`: the run's config (its `method`) or, with it, its
+  parsed settings (`settings.of`)."""
   settings = settings_lib.of(config)
   name = f"{type(task).__name__} ({config.method})"
   rl = settings.rl
   if rl.runs:
+    if not isinstance(task, tasks.RLTask):
+      raise ValueError(f"config keys 'rl.steps' / 'rl.epochs' are {rl.steps} / {rl.epochs}, "
+                       f"but {name} is trained by SFT only (a tasks.Task, not a "
+                       "tasks.RLTask); set both to 0")
     if task.group_size is not None and rl.group_size != task.group_size:
       raise ValueError(f"config key 'rl.group_size' is {rl.group_size}, but {name} "
                        f"collects groups of {task.group_size} (set rl.group_size="
@@ -68,9 +73,6 @@ def _check_stages(task, config) -> None:
     if not sec.runs:
       continue
     keys = (f"config keys '{stage}.steps' / '{stage}.epochs' are {sec.steps} / {sec.epochs}")
-    if stage not in task.stages:
-      raise ValueError(f"{keys}, but {name} trains by "
-                       f"{' and '.join(task.stages) or 'no stage'} only; set both to 0")
     if not task.train:
       raise ValueError(f"{keys}, but {name} has no training examples (see the log above)")
 

@@ -1,10 +1,10 @@
-"""A `Task` for tests that exercise one part of the engine: the members the test gives (as
-keyword arguments, or by overriding in a subclass) plus `Task`'s defaults; a required method
+"""A `SingleStreamTask` for tests that exercise one part of the engine: the members the test
+gives (as keyword arguments, or by overriding in a subclass) plus the kit's defaults; a member
 the test did not give raises when called."""
-from rlrag_jax.tasks import Task
+from rlrag_jax.tasks import SingleStreamTask
 
 
-class StubTask(Task):
+class StubTask(SingleStreamTask):
   name = "stub"
   tokenizer = None
   train = eval = ()
@@ -25,16 +25,16 @@ class StubTask(Task):
   def rollout(self, policy, examples, rng, *, group_size=1, greedy=False):
     self._missing("rollout")
 
-  def reward(self, episode, step=0):
-    self._missing("reward")
+  def rewards(self, episodes, step=0):
+    self._missing("rewards")
 
-  def eval_metrics(self, episode):
+  def eval_metrics(self, episodes):
     self._missing("eval_metrics")
 
 
 def batch_of(episodes, scores, group_size):
   """The `training.batch.Batch` of a group-major rollout (`group_size` consecutive episodes
-  per example, as `Task.collect`'s default groups them), for tests that call a learner."""
+  per example, as `SingleStreamTask.collect` groups them), for tests that call a learner."""
   from rlrag_jax.tasks import Group
   from rlrag_jax.training.batch import from_groups
   return from_groups([Group(list(episodes[i:i + group_size]), list(scores[i:i + group_size]))

@@ -79,7 +79,8 @@ def test_no_task_is_probed():
   assert not hits, hits
 
 
-# Episode's typed engine fields; `info` is the method's own. The engine's modules:
+# The engine's typed fields (Episode's, and the group facts a Group / Batch holds); `info` is the
+# method's own. The engine's modules:
 ENGINE_FIELDS = ("group", "token_rewards", "baseline", "padding")
 ENGINE = ("training", "rollout", "rl", "sampling", "experiments", "evaluation.py", "trainer.py")
 

@@ -201,10 +201,12 @@ class _Levels(StubTask):
   def rollout(self, *a, **k):
     return self.task.rollout(*a, **k)
 
-  def reward(self, episode, step=0):
-    level = float(self.calls // self.per_batch % 2)
-    self.calls += 1
-    return dict(self.task.reward(episode, step), level=level)
+  def rewards(self, episodes, step=0):
+    out = []
+    for r in self.task.rewards(episodes, step):
+      out.append(dict(r, level=float(self.calls // self.per_batch % 2)))
+      self.calls += 1
+    return out
 
 
 def test_measure_groups_batches_and_keeps_the_mean_gradient(tiny_run):
@@ -240,8 +242,8 @@ class _NormTask(StubTask):
     norm = float(np.linalg.norm(_flat(policy.params)))
     return [norm] * (len(batch) * group_size)
 
-  def reward(self, episode, step=0):
-    return {"total": episode}
+  def rewards(self, episodes, step=0):
+    return [{"total": e} for e in episodes]
 
 
 def test_line_search_steps_against_the_direction_with_common_keys(tiny_run):

@@ -37,9 +37,9 @@ class EvenFirstToken(StubTask):
     return single_turn(policy, examples, self.prompt_ids, lambda ids: "", rng,
                        group_size=group_size, greedy=greedy)
 
-  def reward(self, episode, step=0):
-    c = episode.completion_ids
-    return {"total": float(bool(c) and c[0] % 2 == 0), "constant": 1.0}
+  def rewards(self, episodes, step=0):
+    return [{"total": float(bool(e.completion_ids) and e.completion_ids[0] % 2 == 0),
+             "constant": 1.0} for e in episodes]
 
 
 def test_headroom_matches_the_exact_first_token_distribution(tmp_path):

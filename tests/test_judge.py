@@ -369,8 +369,8 @@ def test_evaluation_reports_the_judge_calls_and_failures(server):
     def rollout(self, policy, examples, rng, *, group_size, greedy):
       return [Episode(ex, [], [], [], ex.pred) for ex in examples]
 
-    def eval_metrics(self, ep):
-      return {"em": 0.0, "prediction": ep.text}
+    def eval_metrics(self, eps):
+      return [{"em": 0.0, "prediction": ep.text} for ep in eps]
   examples = [types.SimpleNamespace(question="Q?", answers=["a"], pred=p)
               for p in ("yes", "no", "maybe", "")]
   j = _judge(server, [("echo", None)])

@@ -102,8 +102,7 @@ def _varying_reward(monkeypatch, seen):
     def reward(ep, step):
       total = float(hash(tuple(ep.completion_ids)) % 997)
       return {"total": total, "correct": total % 2}     # 'correct': search's sampling key
-    task.reward = reward
-    # the batch hook (the judge's questions asked concurrently) is what the engine calls
+    # the kit's batch hook (the judge's questions asked concurrently) is what collect calls
     task.rewards = lambda episodes, step=0: [reward(ep, step) for ep in episodes]
     task.report = lambda *a, **k: None          # the method's report reads real reward keys
     return task

@@ -193,7 +193,7 @@ def test_dynamic_sampling_keeps_groups_by_the_configured_key():
   config.rl.dynamic_sampling, config.rl.dynamic_max_tries = True, 3
   # Draw 1: group A has a spread in 'total' but not in 'correct'; group B in both.
   from stub_task import StubTask
-  task = StubTask(reward=lambda ep, step: {"total": ep[1], "correct": ep[2]})
+  task = StubTask(rewards=lambda eps, step: [{"total": ep[1], "correct": ep[2]} for ep in eps])
   import itertools
   rl_iter = itertools.repeat(["x", "y"])
   for key_name, want in (("total", ["A", "A", "B", "B"]), ("correct", ["B", "B", "C", "C"])):

@@ -148,15 +148,13 @@ def _examples_of(episodes) -> list:
 
 
 def _sft_rows(task, exs) -> tuple:
-  """The SFT stage's rows (`stages.sft_rows`) for these examples: all their samples for a
-  task with `sft_samples`, else their gold targets."""
+  """The SFT stage's rows (`stages.sft_rows`) for these examples: all their samples
+  (`Task.sft_samples`)."""
   from rlrag_jax.training.stages import sft_rows
-  if task.sft_samples is not None:
-    items = [r for ex in exs for r in task.sft_samples(ex)]
-    if not items:
-      raise ValueError("grad_noise: the batch's questions have no SFT samples")
-    return sft_rows(task, items)
-  return sft_rows(task, exs)
+  items = [r for ex in exs for r in task.sft_samples(ex)]
+  if not items:
+    raise ValueError("grad_noise: the batch's questions have no SFT samples")
+  return sft_rows(items)
 
 
 def rl_gradient(learner, state, batch, key):
@@ -270,13 +268,13 @@ def measure(task, lm, config, examples: Sequence, *, batches: int, rng,
   for _ in (tqdm(it, desc="batches", unit="batch") if progress else it):
     rng, sub, key = jax.random.split(rng, 3)
     batch, _ = collection.collect(task, policy, rl_iter, sub, config, step)
-    episodes, scores = batch.episodes, batch.scores
+    episodes, scores = batch.episodes, batch.rewards
     rewards.append(float(np.mean([s["total"] for s in scores])))
     counts.append(len(episodes))
     grad = probe.rl_gradient(batch, key)
     rl_meter.add(grad)
     if group_by is not None:
-      value = batch_group(scores, group_by)
+      value = batch_group([{**s, **m} for s, m in zip(scores, batch.metrics)], group_by)
       by_meter.setdefault(value, NoiseMeter()).add(grad)
       by_reward.setdefault(value, []).append(rewards[-1])
     sft_meter.add(probe.sft_gradient(*_sft_rows(task, _examples_of(episodes))))
@@ -295,7 +293,8 @@ def measure(task, lm, config, examples: Sequence, *, batches: int, rng,
 
 
 def batch_group(scores: Sequence[dict], field: str) -> float:
-  """The value of `field` that most of a batch's samples carry (ties: the smallest)."""
+  """The value of `field` that most of a batch's samples carry (ties: the smallest); `scores`:
+  per sample its reward dict with its group's metrics."""
   values = [float(s[field]) for s in scores if field in s]
   if not values:
     raise KeyError(f"grad_noise: --group_by={field!r}, but no score of the batch has it "
@@ -321,7 +320,6 @@ def line_search(task, lm, config, direction, alphas: Sequence[float], batches: S
   draws with the same keys. [{'alpha', 'reward', 'reward_se' (over batches)}]."""
   import dataclasses
   import jax
-  from rlrag_jax import tasks
   rl = config.rl
   base = _rl_policy(lm, task, config)
   keys = jax.random.split(rng, len(batches))
@@ -334,7 +332,7 @@ def line_search(task, lm, config, direction, alphas: Sequence[float], batches: S
     means = []
     for batch, key in zip(batches, keys):
       episodes = task.rollout(policy, list(batch), key, group_size=int(rl.group_size))
-      means.append(float(np.mean([s["total"] for s in tasks.score(task, episodes, step)])))
+      means.append(float(np.mean([s["total"] for s in task.rewards(episodes, step)])))
     se = float(np.std(means, ddof=1) / np.sqrt(len(means))) if len(means) > 1 else 0.0
     out.append({"alpha": float(alpha), "reward": float(np.mean(means)), "reward_se": se})
   return out

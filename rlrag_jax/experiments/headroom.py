@@ -17,7 +17,7 @@ towards the completions that scored well. So before spending an RL run, measure 
 
 If best-of-k at the training temperature is not above greedy, RL at that temperature cannot
 raise greedy evaluation much whatever its step size: nothing it samples is better than what
-greedy decoding already does. Each reward component (`task.reward(...)`'s keys) gets the same
+greedy decoding already does. Each reward component (`task.rewards(...)`'s keys) gets the same
 four numbers. A table goes to stdout, and with --out to `DIR/headroom.txt` and `.json`.
 """
 from __future__ import annotations
@@ -61,9 +61,9 @@ def summarize(rewards) -> dict:
 def headroom(task, policy, examples: Sequence, *, k: int, temperatures: Sequence[float],
              rng, chunk: int = 25, progress: bool = True) -> dict:
   """{reward key: {'greedy': float, T: {'sampled', 'best', 'spread'}}} over `examples`, from
-  `task.rollout` (greedy, then k samples per question at each temperature) and `task.reward`.
+  `task.rollout` (greedy, then k samples per question at each temperature) and `task.rewards`.
   A rollout that ignores `group_size` (one episode per question) is given each question k
-  times instead. Every component that `task.reward` returns for every episode is reported."""
+  times instead. Every component that `task.rewards` returns for every episode is reported."""
   import dataclasses
   import jax
   from tqdm.auto import tqdm
@@ -95,7 +95,7 @@ def headroom(task, policy, examples: Sequence, *, k: int, temperatures: Sequence
       if len(eps) != len(part) * group:
         raise ValueError(f"headroom: {type(task).__name__}.rollout returned {len(eps)} episodes "
                          f"for {len(part)} questions x {group}")
-      rows += [task.reward(ep) for ep in eps]
+      rows += list(task.rewards(eps, 0))
     return rows
 
   greedy_rows = rewards(policy, True, 1)

@@ -1,14 +1,15 @@
 """One RL step's batch and its groups, owned by the engine, the same for every task.
 
 A task's `collect` returns `tasks.Group`s. `from_groups` flattens them into a `Batch` whose
-`group_ids` number them in order, one id per Group (0, 1, ...), whatever the episodes'
-`Episode.group` says: the learners compute group statistics from these ids only (the
-advantage estimators' `index`, as in verl), never from positions or `rl.group_size`.
+`group_ids` number them in order, one id per Group (0, 1, ...): the learners compute group
+statistics from these ids only (the advantage estimators' `index`, as in verl), never from
+positions or `rl.group_size`. A group's `metrics` (the method's statistics of its draw) ride
+beside its episodes (`Batch.metrics`, one dict per episode) to the step's log.
 
 Silenced groups (dynamic sampling's dropped groups, and the padding below) are copies whose
-loss mask is all zero (`silence`): `Batch.live` is False on them, their advantage is 0, and
-their ids are their own, so they neither count in the loss nor move a real group's mean or
-std.
+loss mask is all zero (`silence_group`, the one place a `Group` is made with `padding` set):
+`Batch.live` is False on them, their advantage is 0, and their ids are their own, so they
+neither count in the loss nor move a real group's mean or std.
 
 Padding (`pad`) brings a step's episode count to one the update splits evenly (a multiple of
 `rl.batching.episode_unit`) with whole silenced groups under fresh ids: as many groups of the
@@ -27,43 +28,48 @@ from rlrag_jax.tasks import Episode, Group
 
 
 def silence(episode: Episode) -> Episode:
-  """A padding copy of `episode`: the same tokens, the loss mask all zero and `padding` set,
-  so that it keeps a batch's shape and adds nothing to the loss."""
+  """A padding copy of `episode`: the same tokens, the loss mask all zero, so that it keeps a
+  batch's shape and adds nothing to the loss."""
   return dataclasses.replace(episode, loss_mask=[0] * len(episode.loss_mask),
-                             info=dict(episode.info), padding=True)
+                             info=dict(episode.info))
 
 
 def silence_group(group: Group) -> Group:
-  """The group's padding copy: every episode `silence`d, the reward dicts as drawn."""
-  return Group([silence(e) for e in group.episodes], [dict(s) for s in group.scores])
+  """The group's padding copy: every episode `silence`d, the reward dicts and metrics as
+  drawn, `padding` set."""
+  return Group([silence(e) for e in group.episodes], [dict(s) for s in group.rewards],
+               group.metrics, padding=True)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Batch:
   """A step's episodes in group order, with their reward dicts and groups.
 
+  metrics: per episode, its group's `Group.metrics` (the same dict for a group's episodes).
   group_ids: [N] int64, the engine's group of each episode: the collected groups numbered in
     order, fresh ids (above every real one) for padding groups.
   live: [N] bool, False on silenced episodes (loss mask zero, advantage 0).
   """
   episodes: tuple
-  scores: tuple
+  rewards: tuple
+  metrics: tuple
   group_ids: np.ndarray
   live: np.ndarray
 
   def __post_init__(self):
     n = len(self.episodes)
-    if not (len(self.scores) == n == self.group_ids.shape[0] == self.live.shape[0]):
-      raise ValueError(f"Batch: {n} episodes, {len(self.scores)} reward dicts, "
-                       f"{self.group_ids.shape[0]} group ids and {self.live.shape[0]} live "
-                       "flags; expected one of each per episode")
+    if not (len(self.rewards) == len(self.metrics) == n == self.group_ids.shape[0]
+            == self.live.shape[0]):
+      raise ValueError(f"Batch: {n} episodes, {len(self.rewards)} reward dicts, "
+                       f"{len(self.metrics)} metrics dicts, {self.group_ids.shape[0]} group ids "
+                       f"and {self.live.shape[0]} live flags; expected one of each per episode")
 
   def __len__(self) -> int:
     return len(self.episodes)
 
   def totals(self) -> np.ndarray:
     """[N] float32: each episode's 'total' reward."""
-    return np.array([s["total"] for s in self.scores], np.float32)
+    return np.array([s["total"] for s in self.rewards], np.float32)
 
   def next_id(self) -> int:
     """The smallest id no group of the batch has: where fresh ids start."""
@@ -71,16 +77,18 @@ class Batch:
 
 
 def from_groups(groups: Sequence[Group], silenced: Sequence[Group] = ()) -> Batch:
-  """The batch of `groups` (live) followed by silenced copies of `silenced` (dynamic
-  sampling's padding), one group id per group, in order."""
-  episodes, scores, ids, live = [], [], [], []
-  parts = [(g, True) for g in groups] + [(silence_group(g), False) for g in silenced]
-  for gid, (grp, real) in enumerate(parts):
+  """The batch of `groups` followed by silenced copies of `silenced` (dynamic sampling's
+  padding), one group id per group, in order; a group with `padding` set is not live."""
+  episodes, rewards, metrics, ids, live = [], [], [], [], []
+  for gid, grp in enumerate(list(groups) + [silence_group(g) for g in silenced]):
+    n = len(grp.episodes)
     episodes += grp.episodes
-    scores += grp.scores
-    ids += [gid] * len(grp.episodes)
-    live += [real] * len(grp.episodes)
-  return Batch(tuple(episodes), tuple(scores), np.array(ids, np.int64), np.array(live, bool))
+    rewards += grp.rewards
+    metrics += [grp.metrics] * n
+    ids += [gid] * n
+    live += [not grp.padding] * n
+  return Batch(tuple(episodes), tuple(rewards), tuple(metrics), np.array(ids, np.int64),
+               np.array(live, bool))
 
 
 def padded_size(n_episodes: int, unit: int) -> int:
@@ -116,6 +124,7 @@ def pad(batch: Batch, size: int, group_size: int) -> Batch:
   src = [k % n for k in range(size - n)]
   ids = np.repeat(np.arange(fresh, fresh + len(sizes), dtype=np.int64), sizes)
   return Batch(batch.episodes + tuple(silence(batch.episodes[k]) for k in src),
-               batch.scores + tuple(dict(batch.scores[k]) for k in src),
+               batch.rewards + tuple(dict(batch.rewards[k]) for k in src),
+               batch.metrics + tuple(batch.metrics[k] for k in src),
                np.concatenate([batch.group_ids, ids]),
                np.concatenate([batch.live, np.zeros(size - n, bool)]))

@@ -7,8 +7,8 @@ that override it). What happens to them next is the engine's alone, the same for
       DAPO: groups whose `rl.dynamic_sampling_key` reward does not vary are dropped and fresh
       ones drawn (`rl.dynamic_max_tries` draws at most). When tries run out, the batch is
       padded back to `rl.prompts_per_step` groups with dropped groups silenced
-      (`batch_lib.silence_group`: loss masks zeroed, `padding` set, advantage 0), so the update's
-      shapes never change and the padding adds nothing to the loss. When no group at all was
+      (`batch_lib.silence_group`: loss masks zeroed, `Group.padding` set, advantage 0), so the
+      update's shapes never change and the padding adds nothing to the loss. When no group at all was
       kept, the last draw is trained on as drawn (its advantages come from the total reward,
       which may vary where the sampling key did not).
   otherwise
@@ -27,6 +27,7 @@ import jax
 
 from rlrag_jax.rl import batching, dynamic_sampling
 from rlrag_jax.rollout.batch import geometric_round
+from rlrag_jax.tasks import Group
 from rlrag_jax.training import batch as batch_lib
 
 
@@ -38,11 +39,13 @@ def batch_size(n: int, rl) -> int:
 
 
 def _check(task, groups) -> list:
+  """`collect`'s groups (each validated when it was made: `tasks.Group`), none a padding copy."""
   groups = list(groups)
   for i, g in enumerate(groups):
-    if not g.episodes or len(g.episodes) != len(g.scores):
-      raise ValueError(f"{type(task).__name__}.collect: group {i} has {len(g.episodes)} episodes "
-                       f"and {len(g.scores)} reward dicts; expected equal, non-zero counts")
+    if not isinstance(g, Group) or g.padding:
+      raise ValueError(f"{type(task).__name__}.collect: item {i} is "
+                       f"{'a padding Group' if isinstance(g, Group) else type(g).__name__}; "
+                       "expected drawn tasks.Groups (the engine pads)")
   return groups
 
 
@@ -82,10 +85,10 @@ def _fill(task, draw, drawn, want, rl, method) -> tuple:
 
   def sample_fn(needed):
     groups = draw(needed)
-    if groups and key_name not in groups[0].scores[0]:
+    if groups and key_name not in groups[0].rewards[0]:
       raise ValueError(f"config key 'rl.dynamic_sampling_key' is {key_name!r}, but the "
-                       f"{method} reward has only {sorted(groups[0].scores[0])}")
-    return groups, [[s[key_name] for s in grp.scores] for grp in groups]
+                       f"{method} reward has only {sorted(groups[0].rewards[0])}")
+    return groups, [[s[key_name] for s in grp.rewards] for grp in groups]
 
   res = dynamic_sampling.fill_groups(sample_fn, want, int(rl.dynamic_max_tries))
   kept, fill = list(res.groups), []

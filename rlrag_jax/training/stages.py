@@ -189,20 +189,10 @@ class Run:
 
 
 # ------------------------------------------------------------------------------------ SFT
-def sft_rows(task, items) -> tuple:
-  """(prompts, targets, masks) of one SFT batch. `items` are (prompt, target, mask) samples
-  for a task with `sft_samples` (a None mask trains on the whole target), else examples: the
-  task's prompt and gold target each, with `task.sft_loss_mask` (0 on target tokens the
-  environment wrote); masks None when it gives none for the whole batch."""
-  if task.sft_samples is not None:
-    prompts, targets, masks = (list(x) for x in zip(*items))
-    return prompts, targets, [m if m is not None else [1] * len(t)
-                              for m, t in zip(masks, targets)]
-  prompts = [task.prompt_ids(ex) for ex in items]
-  targets = [task.sft_target_ids(ex) for ex in items]
-  masks = [task.sft_loss_mask(ex) for ex in items]
-  if all(m is None for m in masks):
-    return prompts, targets, None
+def sft_rows(items) -> tuple:
+  """(prompts, targets, masks) of one SFT batch of (prompt, target, mask) samples
+  (`Task.sft_samples`); a None mask trains on the whole target."""
+  prompts, targets, masks = (list(x) for x in zip(*items))
   return prompts, targets, [m if m is not None else [1] * len(t) for m, t in zip(masks, targets)]
 
 
@@ -234,11 +224,11 @@ class SFTStage:
     pass
 
   def loop(self, run: Run, end: int) -> None:
-    sft, task = run.settings.sft, run.task
+    sft = run.settings.sft
     it = run.iterators["sft"]
     while run.stage == "sft" and run.step < end:
       run.step += 1
-      parts = sft_batches(*sft_rows(task, next(it)), sft, run.pad,
+      parts = sft_batches(*sft_rows(next(it)), sft, run.pad,
                           learners.shard_count(run.mesh))
       parts = [(sharding.shard_batch(batch, run.mesh), start) for batch, start in parts]
       if sft.token_budget:
@@ -249,6 +239,16 @@ class SFTStage:
 
 
 # ------------------------------------------------------------------------------------ RL
+def step_rewards(batch) -> dict:
+  """'reward/<key>': each reward key's mean over the step's episodes, then each key of the
+  groups' `metrics` (a group's value counted once per episode of it)."""
+  out = {}
+  for rows in (batch.rewards, batch.metrics):
+    for comp in rows[0]:
+      out[f"reward/{comp}"] = float(np.mean([r[comp] for r in rows]))
+  return out
+
+
 class RLStage:
   """RL on the task's rollouts: collection (training.collection), then the learner's update."""
   name = "rl"
@@ -285,10 +285,8 @@ class RLStage:
       rollout_s = time.time() - t0
       run.state, run.critic, m = run.learner.update(run.state, run.critic, batch,
                                                     run.ref_params, jax.random.fold_in(key, 0))
-      episodes, scores = batch.episodes, batch.scores
-      for comp in scores[0]:
-        m[f"reward/{comp}"] = float(np.mean([s[comp] for s in scores]))
-      m["completion_len"] = float(np.mean([sum(e.loss_mask) for e in episodes]))
+      m.update(step_rewards(batch))
+      m["completion_len"] = float(np.mean([sum(e.loss_mask) for e in batch.episodes]))
       m["rollout_s"] = rollout_s
       m["step_s"] = time.time() - t0
       m.update({f"dynamic/{k}": v for k, v in fill.items()})
@@ -359,12 +357,12 @@ def plan(settings) -> list:
 
 # ------------------------------------------------------------------------------------ data
 def sft_samples(task, config) -> Optional[list]:
-  """With the task's `sft_samples(example) -> [(prompt_ids, target_ids, loss_mask or None),
-  ...]` (several SFT samples per example, e.g. one per agent role or turn; `Task.sft_samples`
-  is None by default), the flattened samples of every training example; the SFT stage then
-  batches samples, not examples (and `sft.epochs` counts passes over them). None for a task
-  without it or when SFT does not run."""
-  if task.sft_samples is None or not settings_lib.of(config).sft.runs:
+  """The task's SFT samples (`Task.sft_samples(example) -> [(prompt_ids, target_ids, loss_mask
+  or None), ...]`: one per example, or several, e.g. one per agent role or turn), flattened
+  over the training examples in order; the SFT stage batches them (and `sft.epochs` counts
+  passes over them). None when SFT does not run. `config`: the run's config or its parsed
+  settings (`settings.of`)."""
+  if not settings_lib.of(config).sft.runs:
     return None
   out = []
   for ex in task.train:

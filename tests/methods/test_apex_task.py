@@ -79,7 +79,7 @@ def test_rewards_gold_paraphrase_extra_step_and_malformed(task):
   assert [o["fallback"] for o in out] == [0, 0, 1, 0, 1, 1, 1]
   assert out[0]["exact"] == 1.0 and out[1]["exact"] == 0.0
   assert out[3]["step_error"] == 1.0
-  m = task.eval_metrics(eps[3])
+  m = task.eval_metrics(eps)[3]
   assert m["sepr"] == totals[3] and m["step_abs_error"] == 1.0 and m["prediction"] == eps[3].text
 
 

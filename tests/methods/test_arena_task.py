@@ -69,8 +69,8 @@ def test_task_prompts_and_rewards(task):
   assert ids[-1] == task.tokenizer.eos_token_id
   ep = Episode(ex, [], ids, [1] * len(ids), task.decode(ids))
   assert ep.text == gold
-  assert task.reward(ep)["total"] == 13.0
-  m = task.eval_metrics(ep)
+  assert task.rewards([ep])[0]["total"] == 13.0
+  m = task.eval_metrics([ep])[0]
   assert m["em"] == 1.0 and m["format"] == 1.0 and m["relevance"] == 1.0
 
 
@@ -78,6 +78,6 @@ def test_task_prompts_and_rewards(task):
                                   "\x00" * 50, "<analysis><analysis></analysis>"])
 def test_task_reward_on_malformed_generations_is_zero_not_an_error(task, text):
   ep = Episode(task.train[0], [], [], [], text)
-  r = task.reward(ep)
+  r = task.rewards([ep])[0]
   assert r["format"] == 0.0 and r["bonus"] == 0.0
-  assert task.eval_metrics(ep)["em"] in (0.0, 1.0)
+  assert task.eval_metrics([ep])[0]["em"] in (0.0, 1.0)

@@ -71,7 +71,7 @@ def test_r2ag_paper_scores_the_think_block_qwen3_writes(qwen3, tmp_path, shared_
     ep = Episode(example=ex, prompt_ids=prompt, completion_ids=comp, loss_mask=[1] * len(comp),
                  text=decode_keeping_tags(task.tokenizer, comp),
                  info={"context": (), "truncated": False})
-    scores[name] = task.reward(ep)
+    scores[name] = task.rewards([ep])[0]
   assert scores["well"]["total"] > 0 and scores["well"]["format"] == pytest.approx(0.02)
   assert scores["malformed"]["total"] == 0.0 and scores["malformed"]["zeroed"] == 1.0
   assert scores["garbage"]["total"] == 0.0
@@ -105,7 +105,7 @@ def test_search_paper_presets_score_the_think_block_qwen3_writes(preset, qwen3, 
     comp = _completion(task, text)
     ep = Episode(example=ex, prompt_ids=prompt, completion_ids=comp, loss_mask=[1] * len(comp),
                  text=task.decode(comp), info={"retrievals": text.count("<information>")})
-    scores[name] = task.reward(ep, step=1)
+    scores[name] = task.rewards([ep], step=1)[0]
   assert scores["well"]["format"] == 1.0 and scores["well"]["total"] > 0
   assert scores["well"]["correct"] == 1.0 or not c.reward.use_answer
   for name in ("malformed", "garbage"):

@@ -7,7 +7,7 @@ import pytest
 from rlrag_jax import evaluation, judge
 from rlrag_jax.methods.r2ag import inference, parsing, prompts
 from rlrag_jax.methods.r2ag.task import SteeringTask, parse_t_by_dataset
-from rlrag_jax.tasks import Episode
+from rlrag_jax.tasks import EvalRow
 
 
 def test_each_question_expands_its_own_t_base_queries():
@@ -40,11 +40,8 @@ def test_evaluation_gains_g2_judge_accuracy_through_a_fake_endpoint():
   from chat_server import serve
   ex = types.SimpleNamespace(question="Who?", answers=["Ann"], id="x", source="hotpotqa")
   from stub_task import StubTask
-  task = StubTask(
-      eval_rollout=lambda policy, chunk, rng: [
-          Episode(example=e, prompt_ids=[], completion_ids=[], loss_mask=[], text=p)
-          for e, p in zip(chunk, ["Ann", "Bob"])],
-      eval_metrics_batch=lambda eps: [{"recall": 1.0, "prediction": ep.text} for ep in eps])
+  task = StubTask(evaluate=lambda policy, chunk, rng: [
+      EvalRow(e, p, {"recall": 1.0}) for e, p in zip(chunk, ["Ann", "Bob"])])
   reply = lambda body: ("Analysis: ok\nValidation: [\u201cCorrect\u201d]"
                         if "\u201cAnn\u201d" in body["messages"][1]["content"].split("Answer:")[1]
                         else 'Analysis: no\nValidation: ["Wrong"]')

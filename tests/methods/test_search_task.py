@@ -269,6 +269,11 @@ def _episode(task, text, ex=None):
   return Episode(example=ex, prompt_ids=[], completion_ids=[], loss_mask=[], text=text)
 
 
+def _reward(task, episode, step):
+  """The reward dict of one episode (the batch hook on a batch of one)."""
+  return task.rewards([episode], step)[0]
+
+
 def test_reward_stage_switch_on_the_rl_step(task):
   ex = task.train[0]
   ans = ex.answers[0]
@@ -279,8 +284,8 @@ def test_reward_stage_switch_on_the_rl_step(task):
   cos = float(enc.vector("alpha beta") @ enc.vector("gamma delta"))
   # stage 2 from RL step 3 (the engine passes the RL step, whatever sft.steps is: 10 here)
   assert [task.stage(s) for s in (0, 1, 2, 3, 50)] == [1, 1, 1, 2, 2]
-  r1 = task.reward(_episode(task, text, ex), 2)
-  r2 = task.reward(_episode(task, text, ex), 3)
+  r1 = _reward(task, _episode(task, text, ex), 2)
+  r2 = _reward(task, _episode(task, text, ex), 3)
   assert r1 == pytest.approx({"format": 1.0, "search": -cos, "answer": 1.0,
                               "total": 2.0 - cos, "retrieval_count": 2, "stage": 1.0,
                               "correct": 1.0}, abs=1e-5)
@@ -288,12 +293,12 @@ def test_reward_stage_switch_on_the_rl_step(task):
                               "total": 1.4 - cos, "retrieval_count": 2, "stage": 2.0,
                               "correct": 1.0}, abs=1e-5)
   wrong = text.replace(f"<answer>{ans}</answer>", "<answer>nobody at all</answer>")
-  assert task.reward(_episode(task, wrong, ex), 2)["answer"] == pytest.approx(-1 + 0.6)
-  assert task.reward(_episode(task, wrong, ex), 3)["answer"] == -1.0
+  assert _reward(task, _episode(task, wrong, ex), 2)["answer"] == pytest.approx(-1 + 0.6)
+  assert _reward(task, _episode(task, wrong, ex), 3)["answer"] == -1.0
   # The rollout ran one retrieval (the second query was refused past max_turns): RC = 1.
   one = _episode(task, text, ex)
   one.info["retrievals"] = 1
-  r = task.reward(one, 3)
+  r = _reward(task, one, 3)
   assert r["retrieval_count"] == 1 and r["answer"] == pytest.approx(1.0 - 0.3)
   assert r["search"] == 0.0                            # one concise query
 
@@ -301,14 +306,14 @@ def test_reward_stage_switch_on_the_rl_step(task):
 def test_reward_never_raises_on_malformed_output(task):
   for text in ["", "</s>", "<search>x", "<think>a</think><answer>", "\x00\xff<search></search>",
                "<think>t</think>\n<reflect>r</reflect>\n<answer>x</answer> trailing"]:
-    r = task.reward(_episode(task, text), 1)
+    r = _reward(task, _episode(task, text), 1)
     assert r["format"] == -1.0 and np.isfinite(r["total"])
 
 
 def test_eval_metrics(task):
   ex = task.train[0]
   text = f"<think>t</think>\n<reflect>r</reflect>\n<answer>{ex.answers[0]}</answer>"
-  m = task.eval_metrics(_episode(task, text, ex))
+  m = task.eval_metrics([_episode(task, text, ex)])[0]
   assert (m["em"], m["f1"], m["accuracy"], m["rc"], m["format"], m["direct"]) == (
       1.0, 1.0, 1.0, 0.0, 1.0, 1.0)
   assert m["reward_stage1"] == m["reward_stage2"] == 2.0
@@ -317,12 +322,12 @@ def test_eval_metrics(task):
 def test_judge_gets_the_question(task, monkeypatch):
   from rlrag_jax import judge
   calls = []
-  monkeypatch.setattr(judge.OpenAIJudge, "__call__",
-                      lambda self, q, pred, answers: calls.append((q, pred, answers)) or True)
+  monkeypatch.setattr(judge.OpenAIJudge, "_judge_one",      # every question the batch asks
+                      lambda self, item: calls.append((item[0], item[1], list(item[2]))) or True)
   task._judge = judge.OpenAIJudge("http://localhost:1/v1", "m")
   try:
     ex = task.train[0]
-    r = task.reward(_episode(task, "<think>t</think>\n<reflect>r</reflect>\n<answer>zz</answer>",
+    r = _reward(task, _episode(task, "<think>t</think>\n<reflect>r</reflect>\n<answer>zz</answer>",
                              ex), 1)
   finally:
     task._judge = None
@@ -335,11 +340,11 @@ def test_judge_gets_the_question(task, monkeypatch):
 
 def test_unjudged_reply_scores_wrong_and_is_counted(task, monkeypatch):
   from rlrag_jax import judge
-  monkeypatch.setattr(judge.OpenAIJudge, "__call__", lambda self, q, pred, answers: None)
+  monkeypatch.setattr(judge.OpenAIJudge, "_judge_one", lambda self, item: None)
   task._judge = judge.OpenAIJudge("http://localhost:1/v1", "m")
   try:
     ex = task.train[0]
-    r = task.reward(_episode(task, "<think>t</think>\n<reflect>r</reflect>\n<answer>"
+    r = _reward(task, _episode(task, "<think>t</think>\n<reflect>r</reflect>\n<answer>"
                              f"{ex.answers[0]}</answer>", ex), 1)
   finally:
     task._judge = None
@@ -348,7 +353,7 @@ def test_unjudged_reply_scores_wrong_and_is_counted(task, monkeypatch):
 
 def test_batched_rewards_ask_the_judge_once_per_distinct_answer(task):
   """task.rewards (the trainer's batch hook) asks each distinct answer once, concurrently, and
-  scores as reward() does one by one; task.monitors() hands the judge's counters to the trainer."""
+  scores as batches of one do; task.monitors() hands the judge's counters to the trainer."""
   from chat_server import serve
   from rlrag_jax import judge
   ex = task.train[0]
@@ -361,7 +366,7 @@ def test_batched_rewards_ask_the_judge_once_per_distinct_answer(task):
     try:
       batch = task.rewards(eps, 1)
       assert len(chat.bodies) == 3                 # the repeated answer is asked once
-      one_by_one = [task.reward(e, 1) for e in eps]
+      one_by_one = [_reward(task, e, 1) for e in eps]      # a batch of one each
       assert task.monitors() == [task._judge.monitor] and task._judge.failures == 2
     finally:
       task._judge = None

@@ -78,7 +78,6 @@ def test_trajectories_from_an_endpoint_proxy_keep_the_correct_ones(tmp_path):
   from rlrag_jax.data import world
   from rlrag_jax.methods.sparkle import agent as agent_lib
   from rlrag_jax.methods.sparkle import rewards, trajectories
-  from rlrag_jax.methods.sparkle import task as task_lib
   from rlrag_jax.methods.sparkle.triples import TripleStore
   from test_sparkle_agent import Scripted
   from test_sparkle_oracle import HashEncoder
@@ -109,7 +108,7 @@ def test_trajectories_from_an_endpoint_proxy_keep_the_correct_ones(tmp_path):
     counts = trajectories.collect(task, examples, propose, out, batch=2, progress=False)
     assert counts == {"asked": 4, "correct": 3, "already": 0}
     assert trajectories.collect(task, examples, propose, out, progress=False)["asked"] == 0
-  got = task_lib.read_trajectories(out)
+  got = trajectories.read_trajectories(out)
   assert set(got) == {str(ex.id) for k, ex in enumerate(examples) if k != 1}
   roles = [r for r, _, _ in got[str(examples[0].id)]]
   assert roles[:3] == ["rd", "qf", "ki"] and set(roles) == {"rd", "qf", "ki"}

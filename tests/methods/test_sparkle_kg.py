@@ -1,12 +1,12 @@
 """SPARKLE's knowledge graph is built without evaluation labels (issue 32, defect 2): built as
-ProxyTask builds it (sources.select, CorpusSearch, task.knowledge_graph), no evaluation question's
-gold evidence triple is in it."""
+ProxyTask builds it (sources.select, CorpusSearch, triples.knowledge_graph), no evaluation
+question's gold evidence triple is in it."""
 import numpy as np
 import pytest
 
 from rlrag_jax import config_base
 from rlrag_jax.data import sources
-from rlrag_jax.methods.sparkle import task as sparkle_task
+from rlrag_jax.methods.sparkle import triples
 from rlrag_jax.retrieval.corpus_search import CorpusSearch
 
 
@@ -52,12 +52,12 @@ def test_paper_kg_holds_no_evaluation_gold_triple(shared_data_dir, tmp_path):
                     ("2wiki:dev", "hotpotqa:dev"))
   held_out = _gold(sel.eval)
   assert len(held_out) > 100
-  for mode in sparkle_task.KG_DEFAULTS:
-    kg = sparkle_task.knowledge_graph(env, sel.train, "", mode)
+  for mode in triples.KG_DEFAULTS:
+    kg = triples.knowledge_graph(env, sel.train, "", mode)
     assert set(kg) == {r.id for r in env.records}
     leaked = [t for rows in kg.values() for t in rows if t in held_out]
     assert not leaked, (mode, leaked[:3])
-  kg = sparkle_task.knowledge_graph(env, sel.train, "", "sentences")
+  kg = triples.knowledge_graph(env, sel.train, "", "sentences")
   assert all(kg.values())                   # every document, as the paper's extraction
   r = env.records[0]
   assert kg[r.id][0][:2] == (r.title, "states") and kg[r.id][0][2] in r.text
@@ -67,11 +67,11 @@ def test_train_evidence_kg_holds_only_training_questions_triples(shared_data_dir
   sel, env = _paper(shared_data_dir, tmp_path, ("2wiki:dev",), ("hotpotqa:dev",))
   half = len(sel.train) // 2
   train, held = sel.train[:half], sel.train[half:]
-  kg = sparkle_task.knowledge_graph(env, train, "", "train_evidence")
+  kg = triples.knowledge_graph(env, train, "", "train_evidence")
   rows = {t for v in kg.values() for t in v}
   assert rows and rows <= _gold(train)
   assert not rows & (_gold(held) - _gold(train))
-  assert not any(sparkle_task.knowledge_graph(env, train, "", "none").values())
+  assert not any(triples.knowledge_graph(env, train, "", "none").values())
 
 
 def test_triples_file_rows_come_before_the_default(shared_data_dir, tmp_path):
@@ -79,7 +79,7 @@ def test_triples_file_rows_come_before_the_default(shared_data_dir, tmp_path):
   doc = env.records[3].id
   path = tmp_path / "triples.jsonl"
   path.write_text('{"id": "%s", "triples": [["A", "r", "B"]]}\n' % doc)
-  kg = sparkle_task.knowledge_graph(env, sel.train, str(path), "none")
+  kg = triples.knowledge_graph(env, sel.train, str(path), "none")
   assert kg[doc] == [("A", "r", "B")]
   assert sum(map(bool, kg.values())) == 1
 
@@ -89,8 +89,8 @@ def test_cpu_default_kg_is_the_passages_own_triples(tmp_path):
   those, whatever the questions. An evaluation question's path triple is in it only because its
   gold passage states it, as the paper's extraction would find it there."""
   sel, env = _world(config_base.load_config_file("configs/sparkle.py"), tmp_path)
-  for mode in sparkle_task.KG_DEFAULTS:
-    kg = sparkle_task.knowledge_graph(env, sel.train, "", mode)
+  for mode in triples.KG_DEFAULTS:
+    kg = triples.knowledge_graph(env, sel.train, "", mode)
     assert kg == {r.id: [_row(t) for t in r.triples] for r in env.records}
   stated = {(r.id, _row(t)) for r in env.records for t in r.triples}
   for ex in sel.eval:
@@ -102,4 +102,4 @@ def test_cpu_default_kg_is_the_passages_own_triples(tmp_path):
 def test_unknown_kg_default_names_the_key(tmp_path):
   sel, env = _world(config_base.load_config_file("configs/sparkle.py"), tmp_path)
   with pytest.raises(ValueError, match="sparkle.kg_default"):
-    sparkle_task.knowledge_graph(env, sel.train, "", "gold")
+    triples.knowledge_graph(env, sel.train, "", "gold")

@@ -36,12 +36,9 @@ def test_batched_rewards_are_asked_once_per_draw():
       calls.append(len(episodes))
       return [{"total": e.info["value"]} for e in episodes]
 
-    def reward(self, episode, step):
-      raise AssertionError("the batched hook must be used")
-
   batch, _ = collection.collect(Task(), None, itertools.repeat(["x", "y"]),
                                 jax.random.PRNGKey(0), _config(), 1)
-  assert calls == [4] and [s["total"] for s in batch.scores] == [1.0, 0.0, 2.0, 2.0]
+  assert calls == [4] and [s["total"] for s in batch.rewards] == [1.0, 0.0, 2.0, 2.0]
   assert list(batch.group_ids) == [0, 0, 1, 1] and batch.live.all()
 
 
@@ -49,7 +46,7 @@ def test_dynamic_sampling_pads_to_a_fixed_batch_with_silenced_groups():
   task = StubTask(
       rollout=lambda policy, exs, key, group_size: [_ep("a", 1.0), _ep("a", 0.0),
                                                     _ep("f", 3.0), _ep("f", 3.0)],
-      reward=lambda e, step: {"total": e.info["value"]})
+      rewards=lambda eps, step: [{"total": e.info["value"]} for e in eps])
   c = _config(dynamic_sampling=True, dynamic_max_tries=2, prompts_per_step=3)
   batch, fill = collection.collect(task, None, itertools.repeat(["x", "y"]),
                                    jax.random.PRNGKey(0), c, 1)
@@ -62,7 +59,7 @@ def test_dynamic_sampling_pads_to_a_fixed_batch_with_silenced_groups():
   assert fill == {"tries": 2.0, "dropped_groups": 2.0, "padded_groups": 1.0,
                   "padded_episodes": 0.0}
   assert [sum(e.loss_mask) for e in eps] == [2, 2, 2, 2, 0, 0]
-  assert eps[4].padding and not eps[0].padding
+  assert not hasattr(eps[4], "padding") and not hasattr(eps[4], "group")
 
 
 def _tree_groups(sizes_values):
@@ -70,8 +67,6 @@ def _tree_groups(sizes_values):
   groups = []
   for gid, values in sizes_values:
     eps = [_ep(f"t{gid}", v) for v in values]
-    for e in eps:
-      e.group = gid
     groups.append(Group(eps, [{"total": v} for v in values]))
   return groups
 
@@ -90,15 +85,14 @@ def test_a_task_collect_hook_replaces_the_rollout_and_its_count_is_padded_to_a_b
   assert asked == [(["x"], 2, 2, 1)]
   # 3 episodes against a nominal 2 x 2: padded to the bucket of 8 with silenced copies of the
   # first ones (rewards as drawn), so that the update sees a bounded set of shapes; the
-  # padding is two whole groups of rl.group_size 2 and one of one, under fresh ids (the task's
-  # own names 7 and 9 are not the engine's ids).
+  # padding is two whole groups of rl.group_size 2 and one of one, under fresh ids.
   assert collection.batch_size(3, _config().rl) == 8
   assert len(eps) == 8 and fill["padded_episodes"] == 5.0
   assert list(batch.group_ids) == [0, 0, 1, 2, 2, 3, 3, 4]
-  assert [e.padding for e in eps] == [False] * 3 + [True] * 5
-  assert list(batch.live) == [False if e.padding else True for e in eps]
+  assert list(batch.live) == [True] * 3 + [False] * 5
+  assert [sum(e.loss_mask) for e in eps] == [2] * 3 + [0] * 5
   assert [e.example for e in eps[3:]] == ["t7", "t7", "t9", "t7", "t7"]
-  assert [s["total"] for s in batch.scores] == [1.0, 0.0, 5.0, 1.0, 0.0, 5.0, 1.0, 0.0]
+  assert [s["total"] for s in batch.rewards] == [1.0, 0.0, 5.0, 1.0, 0.0, 5.0, 1.0, 0.0]
   # micro-batches: the bucket is a multiple of the episode unit, and a nominal count that the
   # micro-batches do not divide (4 episodes, 16 micro-batches) is padded to it too
   assert collection.batch_size(3, _config(micro_batches=16).rl) == 16
@@ -128,14 +122,14 @@ def test_dynamic_sampling_drops_a_task_s_flat_groups_of_any_size():
   assert asked == [2, 1] and [e.example for e in eps[:5]] == ["t2", "t2", "t4", "t4", "t4"]
   assert fill == {"tries": 2.0, "dropped_groups": 2.0, "padded_groups": 0.0,
                   "padded_episodes": 3.0}
-  assert not any(e.padding for e in eps[:5]) and all(e.padding for e in eps[5:])
+  assert batch.live[:5].all() and not batch.live[5:].any()
 
-  class Empty(StubTask):
+  class Padded(StubTask):
     def collect(self, policy, exs, key, *, group_size, want, step):
-      return [Group([_ep("a", 1.0)], [])]
+      return [Group([_ep("a", 1.0)], [{"total": 1.0}], padding=True)]
 
-  with pytest.raises(ValueError, match="group 0 has 1 episodes and 0 reward dicts"):
-    collection.collect(Empty(), None, itertools.repeat(["x"]), jax.random.PRNGKey(0),
+  with pytest.raises(ValueError, match="item 0 is a padding Group; expected drawn"):
+    collection.collect(Padded(), None, itertools.repeat(["x"]), jax.random.PRNGKey(0),
                        _config(), 1)
 
 
@@ -160,7 +154,7 @@ def test_dynamic_sampling_with_every_group_flat_trains_on_the_last_draw():
   draws = iter([[_ep("p", 1.0), _ep("p", 1.0), _ep("q", 0.0), _ep("q", 0.0)],
                 [_ep("r", 2.0), _ep("r", 2.0), _ep("s", 0.0), _ep("s", 0.0)]])
   task = StubTask(rollout=lambda policy, exs, key, group_size: next(draws),
-                               reward=lambda e, step: {"total": e.info["value"]})
+                  rewards=lambda eps, step: [{"total": e.info["value"]} for e in eps])
   c = _config(dynamic_sampling=True, dynamic_max_tries=2)
   batch, fill = collection.collect(task, None, itertools.repeat(["x", "y"]),
                                    jax.random.PRNGKey(0), c, 1)

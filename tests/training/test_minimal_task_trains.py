@@ -1,7 +1,7 @@
-"""A task that implements only the abstract members of `rlrag_jax.tasks.Task` trains through the
-real trainer on `Task`'s defaults: one SFT step (`sft_target_ids`, no loss mask), GRPO steps
-on the engine's own collection (`rollout` per batch, `rewards` = `reward` per episode), greedy
-evaluations (`eval_rollout`, `eval_metrics_batch`), checkpoints with no task state.
+"""A task that implements only the abstract members of `rlrag_jax.tasks.RLTask` (its SFT
+samples, its evaluation, its collection) trains through the real trainer: one SFT step (one
+sample per example, no loss mask), GRPO steps on the engine's own collection (one `Group` per
+prompt), greedy evaluations (`EvalRow`s), checkpoints with no task state.
 
 The reward is 1 when the first generated token has an even id. What RL must move is the
 policy's probability of an even first token after the training prompts, read straight from
@@ -18,12 +18,17 @@ from hf_tiny import make_tiny_checkpoint
 from rlrag_jax import config_base, run_dirs, trainer
 from rlrag_jax.generate import byte_level_tokenizer
 from rlrag_jax.rollout.single_turn import single_turn
-from rlrag_jax.tasks import Task
+from rlrag_jax.tasks import EvalRow, Group, RLTask
 
 SFT, RL = 1, 4
 
 
-class EvenFirstToken(Task):
+def _even(episode) -> float:
+  c = episode.completion_ids
+  return float(bool(c) and c[0] % 2 == 0)
+
+
+class EvenFirstToken(RLTask):
   """The required members and nothing else."""
   name = "even_first_token"
 
@@ -32,22 +37,21 @@ class EvenFirstToken(Task):
     self.train = [f"q{i:02d}:" for i in range(8)]         # 4 tokens each
     self.eval = self.train[:4]
 
-  def prompt_ids(self, example):
-    return self.tokenizer(example, add_special_tokens=False)["input_ids"]
+  def _ids(self, text):
+    return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
-  def sft_target_ids(self, example):
-    return self.prompt_ids("a") + [self.tokenizer.eos_token_id]       # 'a': an odd id
+  def sft_samples(self, example):
+    return [(self._ids(example), self._ids("a") + [self.tokenizer.eos_token_id], None)]  # odd 'a'
 
-  def rollout(self, policy, examples, rng, *, group_size=1, greedy=False):
-    return single_turn(policy, examples, self.prompt_ids, self.tokenizer.decode, rng,
-                       group_size=group_size, greedy=greedy)
+  def collect(self, policy, examples, rng, *, group_size, want, step):
+    eps = single_turn(policy, examples, self._ids, self.tokenizer.decode, rng,
+                      group_size=group_size)
+    return [Group(eps[i:i + group_size], [{"total": _even(e)} for e in eps[i:i + group_size]])
+            for i in range(0, len(eps), group_size)]
 
-  def reward(self, episode, step=0):
-    c = episode.completion_ids
-    return {"total": float(bool(c) and c[0] % 2 == 0)}
-
-  def eval_metrics(self, episode):
-    return {"even": self.reward(episode)["total"]}
+  def evaluate(self, policy, examples, rng):
+    eps = single_turn(policy, examples, self._ids, self.tokenizer.decode, rng, greedy=True)
+    return [EvalRow(e.example, e.text, {"even": _even(e)}) for e in eps]
 
 
 def even_mass(lm, prompts) -> float:
@@ -58,9 +62,9 @@ def even_mass(lm, prompts) -> float:
 
 
 def test_a_task_of_only_the_required_members_trains(tmp_path, monkeypatch):
-  assert not Task.__abstractmethods__ - set(vars(EvenFirstToken))
+  assert not RLTask.__abstractmethods__ - set(vars(EvenFirstToken))
   assert {k for k in vars(EvenFirstToken) if not k.startswith("_")} == {
-      "name", *Task.__abstractmethods__}
+      "name", *RLTask.__abstractmethods__}
   module = types.ModuleType("rlrag_jax.methods.even_first_token.task")
   module.make_task = EvenFirstToken
   monkeypatch.setitem(sys.modules, "rlrag_jax.methods.even_first_token.task", module)
@@ -88,7 +92,7 @@ def test_a_task_of_only_the_required_members_trains(tmp_path, monkeypatch):
   assert result.after["all"]["n"] == 4 and "even" in result.after["all"]
 
   task = EvenFirstToken(c)
-  prompts = [task.prompt_ids(ex) for ex in task.train]
+  prompts = [task._ids(ex) for ex in task.train]
   after_sft = even_mass(run_dirs.load_trained(tmp_path / "run", step=SFT), prompts)
   after_rl = even_mass(run_dirs.load_trained(tmp_path / "run"), prompts)
   print(f"P(even first token): after SFT {after_sft:.3f}, after {RL} RL steps {after_rl:.3f}; "

@@ -13,12 +13,12 @@ from hf_tiny import make_tiny_checkpoint
 from rlrag_jax import config_base, trainer
 from rlrag_jax.generate import byte_level_tokenizer
 from rlrag_jax.rollout.single_turn import single_turn
-from rlrag_jax.tasks import Task
+from rlrag_jax.tasks import SingleStreamTask
 
 pytestmark = pytest.mark.slow
 
 
-class EvenFirstByte(Task):
+class EvenFirstByte(SingleStreamTask):
   """Reward 1 when the first generated token is an even byte, else 0 (about 1/2 at random)."""
   name = "even_first_byte"
 
@@ -31,9 +31,6 @@ class EvenFirstByte(Task):
   def prompt_ids(self, ex):
     return self.tokenizer(ex, add_special_tokens=False)["input_ids"]
 
-  def sft_target(self, ex):
-    return "b"
-
   def sft_target_ids(self, ex):
     return self.prompt_ids("b")
 
@@ -41,12 +38,12 @@ class EvenFirstByte(Task):
     return single_turn(policy, examples, self.prompt_ids, lambda ids: "", rng,
                        group_size=group_size, greedy=greedy)
 
-  def reward(self, episode, step=0):
-    c = episode.completion_ids
-    return {"total": float(bool(c) and c[0] % 2 == 0)}
+  def rewards(self, episodes, step=0):
+    return [{"total": float(bool(e.completion_ids) and e.completion_ids[0] % 2 == 0)}
+            for e in episodes]
 
-  def eval_metrics(self, episode):
-    return {"reward": self.reward(episode)["total"]}
+  def eval_metrics(self, episodes):
+    return [{"reward": r["total"]} for r in self.rewards(episodes)]
 
 
 def test_grpo_raises_the_reward_of_a_bandit(tmp_path, monkeypatch):

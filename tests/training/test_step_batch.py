@@ -67,13 +67,13 @@ def _ep(tag, n=2):
 def test_silenced_copies_are_their_own_and_the_originals_untouched():
   grp = Group([_ep("x"), _ep("x")], [{"total": 1.0}, {"total": 0.0}])
   got = batch_lib.silence_group(grp)
-  assert all(e.padding and e.loss_mask == [0, 0] and e.completion_ids == [2, 2]
-             for e in got.episodes)
-  assert got.scores == grp.scores
+  assert got.padding and not grp.padding
+  assert all(e.loss_mask == [0, 0] and e.completion_ids == [2, 2] for e in got.episodes)
+  assert got.rewards == grp.rewards
   got.episodes[0].info["k"] = "changed"
-  got.scores[0]["total"] = 9.0
-  assert grp.episodes[0].info["k"] == "x" and grp.scores[0]["total"] == 1.0
-  assert not any(e.padding or e.loss_mask != [1, 1] for e in grp.episodes)
+  got.rewards[0]["total"] = 9.0
+  assert grp.episodes[0].info["k"] == "x" and grp.rewards[0]["total"] == 1.0
+  assert not any(e.loss_mask != [1, 1] for e in grp.episodes)
 
 
 def test_groups_get_ids_in_order_and_padding_fresh_ids():
@@ -81,12 +81,12 @@ def test_groups_get_ids_in_order_and_padding_fresh_ids():
             Group([_ep("b")], [{"total": 2.0}])]
   b = batch_lib.from_groups(groups, silenced=[Group([_ep("f")], [{"total": 3.0}])])
   assert list(b.group_ids) == [0, 0, 1, 2] and list(b.live) == [True, True, True, False]
-  assert b.episodes[3].padding and not b.episodes[0].padding
+  assert sum(b.episodes[3].loss_mask) == 0 and sum(b.episodes[0].loss_mask) == 2
   p = batch_lib.pad(b, 10, group_size=4)       # 6 more: one group of 4, two of one
   assert list(p.group_ids) == [0, 0, 1, 2, 3, 3, 3, 3, 4, 5]
   assert list(p.live) == [True] * 3 + [False] * 7
   assert [e.example for e in p.episodes[4:]] == ["a", "a", "b", "f", "a", "a"]
-  assert [s["total"] for s in p.scores[4:]] == [1.0, 1.0, 2.0, 3.0, 1.0, 1.0]
+  assert [s["total"] for s in p.rewards[4:]] == [1.0, 1.0, 2.0, 3.0, 1.0, 1.0]
   assert all(sum(e.loss_mask) == 0 for e in p.episodes[3:])
   assert batch_lib.pad(b, 4, 4).group_ids.tolist() == [0, 0, 1, 2]
   with pytest.raises(ValueError, match="cannot be padded to 3"):
@@ -135,18 +135,19 @@ def _rollout_task(values):
     return [Episode(example=ex, prompt_ids=[3, 4 + i % 5], completion_ids=[5 + i % 7, 6],
                     loss_mask=[1, 1], text="", info={"v": values[i]})
             for i, ex in enumerate(e for e in exs for _ in range(group_size))]
-  return StubTask(rollout=rollout, reward=lambda e, step: {"total": e.info["v"]})
+  return StubTask(rollout=rollout,
+                  rewards=lambda eps, step: [{"total": e.info["v"]} for e in eps])
 
 
 def _tree_task(sizes, values):
-  """A tree's decisions: Groups of uneven sizes whose episodes carry the task's own
-  Episode.group names (SPARKLE / R2AG style), rewards `values` in order."""
+  """A tree's decisions: Groups of uneven sizes (SPARKLE / R2AG style), rewards `values` in
+  order."""
   class Tree(StubTask):
     def collect(self, policy, exs, key, *, group_size, want, step):
       groups, k = [], 0
       for j, size in enumerate(sizes):
         eps = [Episode(example=j, prompt_ids=[3, 4 + j], completion_ids=[5 + i, 6],
-                       loss_mask=[1, 1], text="", group=f"node{j}", info={"v": values[k + i]})
+                       loss_mask=[1, 1], text="", info={"v": values[k + i]})
                for i in range(size)]
         groups.append(Group(eps, [{"total": e.info["v"]} for e in eps]))
         k += size

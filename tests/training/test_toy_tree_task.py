@@ -15,12 +15,12 @@ from rlrag_jax import config_base, run_dirs, trainer
 from rlrag_jax.generate import byte_level_tokenizer
 from rlrag_jax.rollout import tree
 from rlrag_jax.rollout.single_turn import completion_ids, single_turn
-from rlrag_jax.tasks import Episode, Group, Task
+from rlrag_jax.tasks import Episode, EvalRow, Group, RLTask
 
 pytestmark = pytest.mark.slow
 
 
-class ToyTreeTask(Task):
+class ToyTreeTask(RLTask):
   name = "toy_tree"
 
   def __init__(self, config):
@@ -44,12 +44,6 @@ class ToyTreeTask(Task):
   def prompt_ids(self, ex):
     return self._enc(ex)
 
-  def sft_target(self, ex):
-    return "Y"
-
-  def sft_target_ids(self, ex):
-    return self._enc("Y")
-
   def sft_samples(self, ex):
     # Two roles per example: the decision, then a continuation after it (first token masked).
     p = self.prompt_ids(ex)
@@ -61,9 +55,11 @@ class ToyTreeTask(Task):
   def load_state_dict(self, state):
     self.pool = [list(x) for x in state["pool"]]
 
-  def eval_rollout(self, policy, examples, rng):
+  def evaluate(self, policy, examples, rng):
     self.eval_rollouts += 1
-    return self.rollout(policy, examples, rng, greedy=True)
+    eps = single_turn(policy, examples, self.prompt_ids, lambda ids: "", rng, greedy=True)
+    read = self._read([e.prompt_ids + e.completion_ids for e in eps])
+    return [EvalRow(e.example, e.text, {"reward": r}) for e, r in zip(eps, read)]
 
   def _read(self, states):
     """The frozen reader's probability of 'Y' after each state (one batched forward)."""
@@ -106,25 +102,14 @@ class ToyTreeTask(Task):
     self.forests.append(forest)
     self.prefilled.append((ctx.prefill_tokens, sum(len(r) - 1 for r in roots)))
     self.pool.append([step, max(l.reward for l in forest.leaves())])
-    groups = {}
+    groups = {}      # parent node -> (episodes, rewards): a Group per decision's siblings
     for d in forest.decisions():
       prompt, comp = d.sample
-      grp = groups.setdefault(d.group, Group([], []))
-      grp.episodes.append(Episode(example=examples[d.tree], prompt_ids=prompt,
-                                  completion_ids=comp, loss_mask=[1] * len(comp), text="",
-                                  group=d.group, info={"action": d.action}))
-      grp.scores.append({"total": d.ret})
-    return list(groups.values())
-
-  def rollout(self, policy, examples, rng, *, group_size=1, greedy=False):
-    return single_turn(policy, examples, self.prompt_ids, lambda ids: "", rng,
-                       group_size=group_size, greedy=greedy)
-
-  def reward(self, episode, step=0):
-    return {"total": self._read([episode.prompt_ids + episode.completion_ids])[0]}
-
-  def eval_metrics(self, episode):
-    return {"reward": self.reward(episode)["total"]}
+      eps, rewards = groups.setdefault(d.group, ([], []))
+      eps.append(Episode(example=examples[d.tree], prompt_ids=prompt, completion_ids=comp,
+                         loss_mask=[1] * len(comp), text="", info={"action": d.action}))
+      rewards.append({"total": d.ret})
+    return [Group(eps, rewards) for eps, rewards in groups.values()]
 
 
 def test_toy_tree_task_trains_with_ppo_and_a_frozen_reader(tmp_path, monkeypatch):

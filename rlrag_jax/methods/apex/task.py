@@ -14,19 +14,19 @@ import logging
 from typing import Sequence
 
 from rlrag_jax import metrics
-from rlrag_jax.data import sources
 from rlrag_jax.methods.apex import executor, plans, prompts, rewrite, sepr, settings
 from rlrag_jax.retrieval import from_config
 from rlrag_jax.retrieval.query_cache import QueryEmbeddings
 from rlrag_jax.rollout.single_turn import decode_keeping_tags, single_turn
-from rlrag_jax.tasks import Episode, Task
+from rlrag_jax import tasks
+from rlrag_jax.tasks import EvalRow, SingleStreamTask, Task
 
 ROLES = ("planner", "executor")
 PLAN_CUE = "Plan:\n"
 log = logging.getLogger("rlrag_jax.apex")
 
 
-class PlannerTask(Task):
+class PlannerTask(SingleStreamTask):
   """The planning agent: one single-turn rollout per question, SEPR against the gold plan."""
   name = "apex"
 
@@ -36,7 +36,7 @@ class PlannerTask(Task):
     self.max_steps = int(a.max_steps)
     if self.max_steps < 1:
       raise ValueError(f"config key 'apex.max_steps' is {self.max_steps}; expected >= 1")
-    sel = sources.select(config.data, seed=config.seed)
+    sel = self.select_data(config)
     self.train = [ex for ex in sel.train if _gold_fits(ex, self.max_steps)]
     self.eval = [ex for ex in sel.eval if _gold_fits(ex, self.max_steps)]
     dropped = len(sel.train) + len(sel.eval) - len(self.train) - len(self.eval)
@@ -52,10 +52,7 @@ class PlannerTask(Task):
     self._encoder = encoder
     self._scorer = None
     self.threshold = float(a.sepr_threshold)
-    from rlrag_jax.data.tokenizer import tokenizer_for
-    self.tokenizer = tokenizer_for(config.model, config.workdir, self.tokenizer_texts, ())
-    self.use_chat = bool(config.model.chat_template and
-                         getattr(self.tokenizer, "chat_template", None))
+    self.use_tokenizer(config, ())
 
   # ---------------------------------------------------------------- prompts
   def prompt_text(self, ex) -> str:
@@ -78,9 +75,7 @@ class PlannerTask(Task):
     return plans.render(self.gold(ex))
 
   def sft_target_ids(self, ex) -> list:
-    eos = self.tokenizer.eos_token_id
-    ids = self.tokenizer(self.sft_target(ex), add_special_tokens=False)["input_ids"]
-    return ids + ([eos] if eos is not None else [])
+    return self.tokenizer(self.sft_target(ex), add_special_tokens=False)["input_ids"] + self.eos()
 
   def tokenizer_texts(self):
     for ex in list(self.train) + list(self.eval):
@@ -124,19 +119,13 @@ class PlannerTask(Task):
   def rewards(self, episodes, step: int = 0) -> list:
     return self.score(episodes)
 
-  def reward(self, episode, step: int = 0) -> dict:
-    return self.score([episode])[0]
-
-  def eval_metrics_batch(self, episodes) -> list:
+  def eval_metrics(self, episodes) -> list:
     out = []
     for ep, s in zip(episodes, self.score(episodes)):
       out.append({"sepr": s["sepr"], "fallback": s["fallback"], "plan_steps": s["plan_steps"],
                   "step_abs_error": abs(s["step_error"]), "exact": s["exact"],
                   "prediction": ep.text})
     return out
-
-  def eval_metrics(self, episode) -> dict:
-    return self.eval_metrics_batch([episode])[0]
 
 
 def gold_plan(ex) -> list:
@@ -164,9 +153,9 @@ def planner_prompt_ids(tokenizer, question: str, max_steps: int, style: str,
 
 class ExecutorTask(Task):
   """The execution agent: SFT on oracle trajectories of Algorithm 2; held-out EM/F1 of executing
-  the gold plans (the executor alone; the planner's plans are pipeline.py's)."""
+  the gold plans (the executor alone; the planner's plans are pipeline.py's). SFT only, the
+  paper's design: a plain `Task`."""
   name = "apex"
-  stages = ("sft",)            # SFT only, the paper's design
 
   def __init__(self, config, encoder=None):
     self.config = config
@@ -179,7 +168,7 @@ class ExecutorTask(Task):
       if v < 1:
         raise ValueError(f"config key 'apex.{key}' is {v}; expected >= 1")
     self.style = config.data.prompt_style
-    sel = sources.select(config.data, seed=config.seed)
+    sel = tasks.select_data(config)
     self.train = [ex for ex in sel.train if _gold_fits(ex, self.max_steps)]
     self.eval = list(sel.eval)
     if not self.train:
@@ -191,10 +180,7 @@ class ExecutorTask(Task):
     self.remote = bool(config.retrieval.url)    # retrieval as a service
     self._traces = self._calls = None
     self.kept = self.dropped = 0
-    from rlrag_jax.data.tokenizer import tokenizer_for
-    self.tokenizer = tokenizer_for(config.model, config.workdir, self.tokenizer_texts, ())
-    self.use_chat = bool(config.model.chat_template and
-                         getattr(self.tokenizer, "chat_template", None))
+    tasks.use_tokenizer(self, config, ())
 
   # ---------------------------------------------------------------- retrieval
   def search(self, queries: Sequence[str]) -> list:
@@ -215,10 +201,9 @@ class ExecutorTask(Task):
     return self.tokenizer(ask.text(self.style), add_special_tokens=False)["input_ids"]
 
   def target_ids(self, text: str) -> list:
-    eos = self.tokenizer.eos_token_id
     ids = self.tokenizer(text if self.use_chat else " " + text,
                          add_special_tokens=False)["input_ids"]
-    return ids + ([eos] if eos is not None else [])
+    return ids + tasks.eos(self.tokenizer)
 
   def oracle_traces(self) -> dict:
     """{example id: Trace} of the kept oracle trajectories over the training examples
@@ -258,15 +243,6 @@ class ExecutorTask(Task):
   def sft_samples(self, ex) -> list:
     calls = self.sft_calls().get(str(ex.id), [])
     return [(self.ask_ids(a), self.target_ids(out), None) for a, out in calls]
-
-  def prompt_ids(self, ex) -> list:
-    return self.ask_ids(prompts.Ask("check", gold_plan(ex)[0]))
-
-  def sft_target(self, ex) -> str:
-    return ex.answers[0]
-
-  def sft_target_ids(self, ex) -> list:
-    return self.target_ids(self.sft_target(ex))
 
   def tokenizer_texts(self):
     for kind in prompts.KINDS:
@@ -322,28 +298,21 @@ class ExecutorTask(Task):
     procs = [executor.naive_rag(ex.question, self.passage_words) for ex in examples]
     return executor.run(procs, self.generate_fn(policy, rng), self.search)
 
-  def episodes(self, examples, traces) -> list:
-    return [Episode(example=ex, prompt_ids=[], completion_ids=[], loss_mask=[], text=t.answer,
-                    info={"trace": t.to_dict()}) for ex, t in zip(examples, traces)]
+  def evaluate(self, policy, examples, rng) -> list:
+    """Executing the gold plans (greedy): per example EM / F1 of the answer and the trace's
+    counts (retrievals, skipped retrievals, repeated queries, parse fallbacks, calls)."""
+    examples = list(examples)
+    traces = self.execute(policy, examples, [gold_plan(ex) for ex in examples], rng)
+    return [EvalRow(ex, t.answer, trace_metrics(ex, t)) for ex, t in zip(examples, traces)]
 
-  def eval_rollout(self, policy, examples, rng):
-    golds = [gold_plan(ex) for ex in examples]
-    return self.episodes(examples, self.execute(policy, examples, golds, rng))
 
-  def rollout(self, policy, examples, rng, *, group_size=1, greedy=False):
-    raise ValueError("the APEX executor is trained by SFT only; config key 'rl.steps' must be 0")
-
-  def reward(self, episode, step: int = 0) -> dict:
-    em = metrics.exact_match(episode.text, episode.example.answers)
-    return {"total": em, "em": em}
-
-  def eval_metrics(self, episode) -> dict:
-    ex, t = episode.example, episode.info["trace"]
-    return {"em": metrics.exact_match(episode.text, ex.answers),
-            "f1": metrics.f1(episode.text, ex.answers),
-            **{k: float(t[k]) for k in ("retrievals", "skipped_retrieval", "repeated_queries",
-                                        "parse_fallbacks", "calls")},
-            "prediction": episode.text}
+def trace_metrics(ex, trace) -> dict:
+  """EM and F1 of an executed trace's answer, with the trace's counts."""
+  t = trace.to_dict()
+  return {"em": metrics.exact_match(trace.answer, ex.answers),
+          "f1": metrics.f1(trace.answer, ex.answers),
+          **{k: float(t[k]) for k in ("retrievals", "skipped_retrieval", "repeated_queries",
+                                      "parse_fallbacks", "calls")}}
 
 
 def _gold_fits(ex, max_steps: int) -> bool:

@@ -7,10 +7,9 @@ from typing import Sequence
 
 from rlrag_jax import judge as judge_lib
 from rlrag_jax import metrics
-from rlrag_jax.data import sources
 from rlrag_jax.methods.arena import parsing, prompts, rewards, settings, sft
 from rlrag_jax.rollout.single_turn import decode_keeping_tags, single_turn
-from rlrag_jax.tasks import Task
+from rlrag_jax.tasks import SingleStreamTask
 
 SPECIAL_TOKENS = ("<relevance>", "</relevance>", "<analysis>", "</analysis>", "<answer>",
                   "</answer>")
@@ -22,13 +21,13 @@ log = logging.getLogger("rlrag_jax.arena")
 REWARD_WEIGHTS = ("w_format", "w_accuracy", "w_relevance", "bonus_value")
 
 
-class ArenaTask(Task):
+class ArenaTask(SingleStreamTask):
   name = "arena"
   judge_prompt = judge_lib.JudgePrompt(prompts.JUDGE_TEMPLATE)     # the paper's Table 6
 
   def __init__(self, config):
     self.config = config
-    sel = sources.select(config.data, seed=config.seed)
+    sel = self.select_data(config)
     self.train, self.eval, self.corpus = sel.train, sel.eval, sel.corpus
     self.max_chars = config.data.max_passage_chars or None
     self.reward_cfg = r = settings.reward(config)
@@ -47,9 +46,7 @@ class ArenaTask(Task):
                         else prompts.INSTRUCTION)
     self.traces = (_teacher_traces(self.settings.sft.teacher_traces, self)
                    if self.sft_kind == "teacher" else {})
-    self.tokenizer = _tokenizer(config, self)
-    self.use_chat = bool(config.model.chat_template and
-                         getattr(self.tokenizer, "chat_template", None))
+    self.use_tokenizer(config, SPECIAL_TOKENS)
 
   # ---------------------------------------------------------------- prompts
   def prompt_text(self, ex) -> str:
@@ -78,9 +75,7 @@ class ArenaTask(Task):
     return sft.gold_completion(ex, style=self.config.data.analysis_style)
 
   def sft_target_ids(self, ex) -> list:
-    eos = self.tokenizer.eos_token_id
-    ids = self.tokenizer(self.sft_target(ex), add_special_tokens=False)["input_ids"]
-    return ids + ([eos] if eos is not None else [])
+    return self.tokenizer(self.sft_target(ex), add_special_tokens=False)["input_ids"] + self.eos()
 
   # ---------------------------------------------------------------- rollouts and rewards
   def decode(self, ids: Sequence[int]) -> str:
@@ -89,9 +84,6 @@ class ArenaTask(Task):
   def rollout(self, policy, examples, rng, *, group_size=1, greedy=False):
     return single_turn(policy, examples, self.prompt_ids, self.decode, rng,
                        group_size=group_size, greedy=greedy)
-
-  def reward(self, episode, step: int = 0) -> dict:
-    return self._reward(episode, self.judge)
 
   def rewards(self, episodes, step: int = 0) -> list:
     """`reward` of each episode, the judge's questions asked concurrently (judge.batched)."""
@@ -115,10 +107,9 @@ class ArenaTask(Task):
     """The judge's failure monitor (its counts go into the step metrics as judge/...)."""
     return [self.judge.monitor] if self.judge is not None else []
 
-  def eval_metrics(self, episode) -> dict:
-    return self._eval_metrics(episode, self.judge)
-
-  def eval_metrics_batch(self, episodes) -> list:
+  def eval_metrics(self, episodes) -> list:
+    """em, f1, the reward's format / relevance / accuracy / total, and the prediction; the
+    judge's questions asked concurrently (judge.batched)."""
     return judge_lib.batched(self.judge,
                              lambda j: [self._eval_metrics(ep, j) for ep in episodes])
 
@@ -156,11 +147,6 @@ def _teacher_traces(path: str, task) -> dict:
                 path, len(task.train) - len(keep), len(task.train))
   task.train = keep
   return traces
-
-
-def _tokenizer(config, task):
-  from rlrag_jax.data.tokenizer import tokenizer_for
-  return tokenizer_for(config.model, config.workdir, task.tokenizer_texts, SPECIAL_TOKENS)
 
 
 def make_task(config) -> ArenaTask:

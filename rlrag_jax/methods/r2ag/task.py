@@ -23,12 +23,12 @@ from typing import Sequence
 import numpy as np
 
 from rlrag_jax import metrics
-from rlrag_jax.data import sources
 from rlrag_jax.methods.r2ag import forest as forest_lib
 from rlrag_jax.methods.r2ag import inference, parsing, prompts, rewards, settings
 from rlrag_jax.retrieval.corpus_search import CorpusSearch
 from rlrag_jax.rollout.single_turn import completion_ids, decode_keeping_tags
-from rlrag_jax.tasks import Episode, Group, Task
+from rlrag_jax import tasks
+from rlrag_jax.tasks import Episode, EvalRow, Group, RLTask, Task
 
 ROLES = ("steering", "generator")
 SPECIAL_TOKENS = ("<think>", "</think>", "<base-Q>", "</base-Q>", "<predicted-Q>",
@@ -50,7 +50,7 @@ def _with_gold(sel_examples) -> list:
   return [ex for ex in sel_examples if getattr(ex, "gold_ids", None)]
 
 
-class SteeringTask(Task):
+class SteeringTask(RLTask):
   name = "r2ag"
   # Appendix G.2's LLM accuracy: with eval.judge_url set, evaluations gain a 'judge' column
   # (the main tree's generator answer judged against the gold answers); off by default.
@@ -65,7 +65,7 @@ class SteeringTask(Task):
     self.reward_cfg = r.reward
     self.eval_cfg = r.eval
     self.t_base_by_dataset = parse_t_by_dataset(r.eval.t_base_by_dataset)
-    sel = sources.select(config.data, seed=config.seed)
+    sel = tasks.select_data(config)
     self.train, self.eval = _with_gold(sel.train), _with_gold(sel.eval)
     self.validation = _with_gold(sel.val)        # data.val_mix: the validation forests' questions
     left = (len(sel.train) + len(sel.eval) + len(sel.val) - len(self.train) - len(self.eval)
@@ -78,12 +78,7 @@ class SteeringTask(Task):
     self.forest = forest_lib.Forest(len(self.train), r.forest,
                                     seed=config.seed)
     self.generator = None
-    self._groups = 0
-    from rlrag_jax.data.tokenizer import tokenizer_for
-    self.tokenizer = tokenizer_for(config.model, config.workdir, self.tokenizer_texts,
-                                   SPECIAL_TOKENS)
-    self.use_chat = bool(config.model.chat_template and
-                         getattr(self.tokenizer, "chat_template", None))
+    tasks.use_tokenizer(self, config, SPECIAL_TOKENS)
 
   def bind_models(self, models) -> None:
     unknown = sorted(set(models) - {"generator"})
@@ -109,9 +104,7 @@ class SteeringTask(Task):
     return self.prompt_at(ex.question, ())
 
   def target_ids(self, text: str) -> list:
-    eos = self.tokenizer.eos_token_id
-    ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
-    return ids + ([eos] if eos is not None else [])
+    return self.tokenizer(text, add_special_tokens=False)["input_ids"] + tasks.eos(self.tokenizer)
 
   def oracle(self, ex, context) -> str:
     return prompts.oracle_step(self.decomposition(ex), self.gold(ex), context,
@@ -124,12 +117,6 @@ class SteeringTask(Task):
       return []
     return [(self.prompt_at(ex.question, ctx), self.target_ids(self.oracle(ex, ctx)), None)
             for ctx in prompts.oracle_contexts(decomp, gold)]
-
-  def sft_target(self, ex) -> str:
-    return self.oracle(ex, ())
-
-  def sft_target_ids(self, ex) -> list:
-    return self.target_ids(self.sft_target(ex))
 
   def tokenizer_texts(self):
     yield prompts.TOKENIZER_TEXT       # not the prompt: see its comment
@@ -162,14 +149,13 @@ class SteeringTask(Task):
     return out
 
   def rewards(self, episodes, step: int = 0) -> list:
+    """`score` (for experiments.headroom / grad_noise beside `rollout`)."""
     return self.score(episodes)
-
-  def reward(self, episode, step: int = 0) -> dict:
-    return self.score([episode])[0]
 
   # ---------------------------------------------------------------- training rollouts
   def rollout(self, policy, examples, rng, *, group_size=1, greedy=False):
-    """Root expansions of `examples` (the trainer's RL loop uses `collect`)."""
+    """Root expansions of `examples` (experiments.headroom / grad_noise; the trainer's RL
+    loop uses `collect`)."""
     items = [forest_lib.Item(-1, 0, (), 0) for _ in examples]
     return self._sample(policy, list(examples), items, rng, group_size, greedy)
 
@@ -189,7 +175,8 @@ class SteeringTask(Task):
     return episodes
 
   def _expand(self, policy, items, rng, g) -> list:
-    """Samples, scores and grows the forest for `items`; [(episodes, scores)] per item."""
+    """Samples, scores and grows the forest for `items`; a Group per item (its forest level
+    in `metrics['iteration']`)."""
     examples = [self.train[self.forest.example_of(it)] for it in items]
     episodes = self._sample(policy, examples, items, rng, g)
     scores = self.score(episodes)
@@ -213,12 +200,8 @@ class SteeringTask(Task):
         ctx = counted & gold if self.forest.cfg.carry == "gold" else counted
         outcomes.append(forest_lib.Outcome(verts, tuple(sorted(ctx)), finished=bool(
             step.stop and gold <= set(it.context)), found=len(ctx & gold)))
-        sc["iteration"] = float(it.iteration)
       self.forest.expand(it, outcomes)
-      self._groups += 1
-      for ep in eps:
-        ep.group = f"g{self._groups}"
-      groups.append((eps, scs))
+      groups.append(Group(eps, scs, {"iteration": float(it.iteration)}))
     return groups
 
   def collect(self, policy, examples, rng, *, group_size, want, step):
@@ -226,16 +209,14 @@ class SteeringTask(Task):
     are not used: the forest draws its own questions). The engine drops the groups whose
     rewards do not vary (Algorithm 1) and, with `rl.dynamic_max_tries` > 1, calls again for
     replacements."""
-    return [Group(eps, scs) for eps, scs in
-            self._expand(policy, self.forest.take(want), rng, group_size)]
+    return self._expand(policy, self.forest.take(want), rng, group_size)
 
   # ---------------------------------------------------------------- state (the forest)
   def state_dict(self) -> dict:
-    return {"forest": self.forest.state_dict(), "groups": self._groups}
+    return {"forest": self.forest.state_dict()}
 
   def load_state_dict(self, state) -> None:
-    self.forest.load_state_dict(state["forest"])
-    self._groups = int(state.get("groups", 0))
+    self.forest.load_state_dict(state["forest"])   # a checkpoint's old "groups" count: unused
 
   # ---------------------------------------------------------------- evaluation
   def variants(self) -> dict:
@@ -251,7 +232,16 @@ class SteeringTask(Task):
       out[f"top{int(k)}_"] = inference.TreeConfig(top_k=int(k), use_predicted=True, **common)
     return out
 
-  def eval_rollout(self, policy, examples, rng):
+  def evaluate(self, policy, examples, rng) -> list:
+    """A retrieval tree per question for each variant, the generator's answers from their
+    documents, and the retrieval / QA metrics (`row_metrics`)."""
+    examples = list(examples)
+    return [EvalRow(ex, info[""]["answer"], self.row_metrics(ex, info))
+            for ex, info in zip(examples, self.eval_runs(policy, examples, rng))]
+
+  def eval_runs(self, policy, examples, rng) -> list:
+    """Per example {variant prefix: its tree's docs, iterations, calls, timings and answer,
+    'outputs': the main tree's steering outputs}."""
     import jax
     e = self.eval_cfg
     temp = float(e.temperature)
@@ -280,16 +270,15 @@ class SteeringTask(Task):
     answers = {p: self.answer(examples, [r.docs for r in res], jax.random.fold_in(rng, i),
                               policy.rows_per_call)
                for i, (p, res) in enumerate(runs.items())}
-    episodes = []
-    for k, ex in enumerate(examples):
+    out = []
+    for k in range(len(examples)):
       info = {p: {"docs": runs[p][k].docs, "iterations": runs[p][k].iterations,
                   "calls": runs[p][k].calls, "steer_s": runs[p][k].steer_s,
                   "search_s": runs[p][k].search_s, "answer": answers[p][0][k],
                   "answer_s": answers[p][1]} for p in runs}
       info["outputs"] = runs[""][k].outputs
-      episodes.append(Episode(example=ex, prompt_ids=[], completion_ids=[], loss_mask=[],
-                              text=answers[""][0][k], info=info))
-    return episodes
+      out.append(info)
+    return out
 
   def answer(self, examples, doc_lists, rng, rows_per_call: int) -> tuple:
     """(answers, seconds per question) of the frozen generator from each question's documents
@@ -314,29 +303,23 @@ class SteeringTask(Task):
     texts, _ = _generate(pol, tok, ids, rng, greedy=True, max_new=pol.max_new_tokens)
     return [t.strip() for t in texts], (time.perf_counter() - t0) / max(1, len(examples))
 
-  def eval_metrics_batch(self, episodes) -> list:
-    out = []
-    for ep in episodes:
-      gold = self.gold(ep.example)
-      m = {}
-      for p, r in ep.info.items():
-        if p == "outputs":
-          continue
-        m.update({f"{p}{k}": v for k, v in retrieval_metrics(r["docs"], gold).items()})
-        m.update({f"{p}latency_retrieval_s": r["steer_s"] + r["search_s"],
-                  f"{p}latency_generation_s": r["answer_s"]})
-        if p != "sr_":
-          m[f"{p}iterations"] = float(r["iterations"])
-        if self.generator is not None:
-          m[f"{p}em"] = metrics.exact_match(r["answer"], ep.example.answers)
-          m[f"{p}f1"] = metrics.f1(r["answer"], ep.example.answers)
-      m.update(later_step_counts(ep.info.get("outputs", ()), gold))
-      m["prediction"] = ep.text
-      out.append(m)
-    return out
-
-  def eval_metrics(self, episode) -> dict:
-    return self.eval_metrics_batch([episode])[0]
+  def row_metrics(self, ex, info) -> dict:
+    """One question's metrics from its `eval_runs` entry."""
+    gold = self.gold(ex)
+    m = {}
+    for p, r in info.items():
+      if p == "outputs":
+        continue
+      m.update({f"{p}{k}": v for k, v in retrieval_metrics(r["docs"], gold).items()})
+      m.update({f"{p}latency_retrieval_s": r["steer_s"] + r["search_s"],
+                f"{p}latency_generation_s": r["answer_s"]})
+      if p != "sr_":
+        m[f"{p}iterations"] = float(r["iterations"])
+      if self.generator is not None:
+        m[f"{p}em"] = metrics.exact_match(r["answer"], ex.answers)
+        m[f"{p}f1"] = metrics.f1(r["answer"], ex.answers)
+    m.update(later_step_counts(info.get("outputs", ()), gold))
+    return m
 
   def report(self, workdir, rlog, setup) -> None:
     from rlrag_jax.methods.r2ag import report
@@ -389,7 +372,6 @@ def later_step_counts(outputs, gold) -> dict:
 class GeneratorTask(Task):
   """The frozen generator of the CPU default: SFT on gold documents among distractors."""
   name = "r2ag"
-  stages = ("sft",)
 
   def __init__(self, config, encoder=None):
     self.config = config
@@ -397,7 +379,7 @@ class GeneratorTask(Task):
     self.style = config.data.prompt_style
     self.passage_words = int(r.passage_words)
     self.distractors = int(r.generator_distractors)
-    sel = sources.select(config.data, seed=config.seed)
+    sel = tasks.select_data(config)
     self.train, self.eval = _with_gold(sel.train), _with_gold(sel.eval)
     self.corpus = CorpusSearch(config, sel, encoder)
     exs = list(self.train) + list(self.eval)
@@ -411,10 +393,7 @@ class GeneratorTask(Task):
       docs = gold + noise
       rng.shuffle(docs)
       self._docs[str(ex.id)] = docs
-    from rlrag_jax.data.tokenizer import tokenizer_for
-    self.tokenizer = tokenizer_for(config.model, config.workdir, self.tokenizer_texts, ())
-    self.use_chat = bool(config.model.chat_template and
-                         getattr(self.tokenizer, "chat_template", None))
+    tasks.use_tokenizer(self, config, ())
 
   def docs(self, ex) -> list:
     return self._docs[str(ex.id)]
@@ -424,14 +403,13 @@ class GeneratorTask(Task):
                                  self.style, self.use_chat, self.passage_words,
                                  thinking=self.config.model.thinking)
 
-  def sft_target(self, ex) -> str:
-    return ex.answers[0]
-
   def sft_target_ids(self, ex) -> list:
-    eos = self.tokenizer.eos_token_id
     text = ex.answers[0] if self.use_chat else " " + ex.answers[0]
-    return self.tokenizer(text, add_special_tokens=False)["input_ids"] + \
-        ([eos] if eos is not None else [])
+    return self.tokenizer(text, add_special_tokens=False)["input_ids"] + tasks.eos(self.tokenizer)
+
+  def sft_samples(self, ex) -> list:
+    """One sample: (documents, question) -> the gold answer."""
+    return [(self.prompt_ids(ex), self.sft_target_ids(ex), None)]
 
   def tokenizer_texts(self):
     yield prompts.generator_text("", [], self.style)
@@ -440,20 +418,15 @@ class GeneratorTask(Task):
     for ex in list(self.train) + list(self.eval):
       yield f"{ex.question} {ex.answers[0]}"
 
-  def rollout(self, policy, examples, rng, *, group_size=1, greedy=False):
+  def evaluate(self, policy, examples, rng) -> list:
+    """The greedy answer from the example's documents: EM and F1."""
     from rlrag_jax.rollout.single_turn import single_turn
-    return single_turn(policy, examples, self.prompt_ids,
-                       lambda ids: decode_keeping_tags(self.tokenizer, ids), rng,
-                       group_size=group_size, greedy=greedy)
-
-  def reward(self, episode, step: int = 0) -> dict:
-    em = metrics.exact_match(episode.text, episode.example.answers)
-    return {"total": em, "em": em}
-
-  def eval_metrics(self, episode) -> dict:
-    return {"em": metrics.exact_match(episode.text, episode.example.answers),
-            "f1": metrics.f1(episode.text, episode.example.answers),
-            "prediction": episode.text}
+    eps = single_turn(policy, examples, self.prompt_ids,
+                      lambda ids: decode_keeping_tags(self.tokenizer, ids), rng,
+                      group_size=1, greedy=True)
+    return [EvalRow(ep.example, ep.text, {"em": metrics.exact_match(ep.text, ep.example.answers),
+                                          "f1": metrics.f1(ep.text, ep.example.answers)})
+            for ep in eps]
 
 
 def make_task(config):

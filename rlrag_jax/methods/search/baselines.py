@@ -25,7 +25,7 @@ import pathlib
 
 import numpy as np
 
-from rlrag_jax import evaluation, runlog
+from rlrag_jax import evaluation, runlog, tasks
 from rlrag_jax.tasks import Task
 
 COLUMNS = ("f1", "em", "accuracy", "rc", "format")
@@ -34,9 +34,9 @@ EVAL_STAGES = ("eval_before", "eval", "eval_after")
 
 @dataclasses.dataclass
 class _Pipeline(Task):
-  """The search task with its rollouts running one pipeline, for `evaluation.evaluate`: the
-  evaluation takes `Task`'s defaults (greedy `rollout`, `eval_metrics` per episode, no
-  monitors); the rest is the search task's."""
+  """The search task evaluated with its rollouts running one pipeline, for
+  `evaluation.evaluate`: the greedy `rollout(..., pipeline=...)` scored by the search task's
+  `eval_metrics` (no monitors); the rest is the search task's."""
   task: Task
   pipeline: str
 
@@ -44,21 +44,13 @@ class _Pipeline(Task):
     self.name, self.tokenizer = self.task.name, self.task.tokenizer
     self.train, self.eval = self.task.train, self.task.eval
 
-  def prompt_ids(self, example):
-    return self.task.prompt_ids(example)
+  def sft_samples(self, example):
+    return self.task.sft_samples(example)
 
-  def sft_target_ids(self, example):
-    return self.task.sft_target_ids(example)
-
-  def rollout(self, policy, examples, rng, *, group_size=1, greedy=True):
-    return self.task.rollout(policy, examples, rng, group_size=group_size, greedy=greedy,
-                             pipeline=self.pipeline)
-
-  def reward(self, episode, step=0):
-    return self.task.reward(episode, step)
-
-  def eval_metrics(self, episode):
-    return self.task.eval_metrics(episode)
+  def evaluate(self, policy, examples, rng):
+    eps = self.task.rollout(policy, examples, rng, group_size=1, greedy=True,
+                            pipeline=self.pipeline)
+    return tasks.eval_rows(eps, self.task.eval_metrics(eps))
 
 
 def evaluate_pipelines(task, policy, examples, *, pipelines=("agent", "no_retrieval", "naive_rag"),

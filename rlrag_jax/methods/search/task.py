@@ -47,12 +47,11 @@ import numpy as np
 
 from rlrag_jax import judge as judge_lib
 from rlrag_jax import metrics
-from rlrag_jax.data import sources
 from rlrag_jax.methods.search import parsing, prompts, rewards, settings
 from rlrag_jax.retrieval import from_config
 from rlrag_jax.retrieval.query_cache import QueryEmbeddings
 from rlrag_jax.rollout import Observation, run_tool_loop, truncate_observation
-from rlrag_jax.tasks import Episode, Task
+from rlrag_jax.tasks import Episode, SingleStreamTask
 
 log = logging.getLogger("rlrag_jax.search")
 
@@ -85,7 +84,7 @@ class SearchEnv:
     return out
 
 
-class SearchTask(Task):
+class SearchTask(SingleStreamTask):
   name = "search"
   # The paper's "Instruction for Judge LLM" (B.4), with yes/no read case-insensitively.
   judge_prompt = judge_lib.JudgePrompt(prompts.JUDGE_TEMPLATE)
@@ -94,16 +93,14 @@ class SearchTask(Task):
     """`encoder` (anything with .encode(texts, batch_size) -> unit rows, .dim, .id) replaces
     the packaged MiniLM, e.g. in tests."""
     self.config = config
-    sel = sources.select(config.data, seed=config.seed)
+    sel = self.select_data(config)
     self.train, self.eval = _split(sel, config.data)
     self.reward_cfg = settings.reward(config)
     self.settings = settings.search(config)
     self.stage2_step = int(self.reward_cfg.stage2_step)
     self.corpus = from_config.corpus_for(config, sel)
     self._known = _known_steps(self.train, int(self.settings.sft.known_min_seen))
-    self.tokenizer = _tokenizer(config, self)
-    self.use_chat = bool(config.model.chat_template and
-                         getattr(self.tokenizer, "chat_template", None))
+    self.use_tokenizer(config, SPECIAL_TOKENS)
     self._drop_long_prompts(int(config.tool.max_prompt_len))
     self._gold = {}
     self._judge = _judge(self.reward_cfg)
@@ -234,7 +231,7 @@ class SearchTask(Task):
 
   def sft_target_ids(self, ex) -> list:
     ids, _ = self._encode_pieces(self.sft_pieces(ex))
-    return ids + self._eos()
+    return ids + self.eos()
 
   def sft_loss_mask(self, ex) -> list:
     """1 on the model's tokens; on the observations 0, or 1 with `search.sft.observation_loss` (the
@@ -243,11 +240,7 @@ class SearchTask(Task):
     _, mask = self._encode_pieces(self.sft_pieces(ex))
     if self.settings.sft.observation_loss:
       mask = [1] * len(mask)
-    return mask + [1] * len(self._eos())
-
-  def _eos(self) -> list:
-    eos = self.tokenizer.eos_token_id
-    return [eos] if eos is not None else []
+    return mask + [1] * len(self.eos())
 
   # ---------------------------------------------------------------- rollouts
   def decode(self, ids: Sequence[int]) -> str:
@@ -333,9 +326,6 @@ class SearchTask(Task):
                          rs_form=r.rs_form, answer_form=r.answer_form,
                          use_search=bool(r.use_search), use_answer=bool(r.use_answer))
 
-  def reward(self, episode, step: int = 0) -> dict:
-    return self._reward(episode, step, self._judge)
-
   def rewards(self, episodes, step: int = 0) -> list:
     """`reward` of each episode, the judge's questions asked concurrently (judge.batched)."""
     return judge_lib.batched(self._judge,
@@ -354,12 +344,10 @@ class SearchTask(Task):
     """The judge's failure monitor (its counts go into the step metrics as judge/...)."""
     return [self._judge.monitor] if self._judge is not None else []
 
-  def eval_metrics(self, episode) -> dict:
+  def eval_metrics(self, episodes) -> list:
     """em, f1, accuracy (the reward's correctness), rc (search calls), format (valid A or B),
-    direct (share of structure A), both stages' total rewards, and the prediction."""
-    return self._eval_metrics(episode, self._judge)
-
-  def eval_metrics_batch(self, episodes) -> list:
+    direct (share of structure A), both stages' total rewards, and the prediction; the judge's
+    questions asked concurrently (judge.batched)."""
     return judge_lib.batched(self._judge,
                              lambda j: [self._eval_metrics(ep, j) for ep in episodes])
 
@@ -448,11 +436,6 @@ def _known_steps(train, min_seen: int) -> dict:
 
 def _judge(reward_cfg):
   return judge_lib.from_config(reward_cfg, prompt=SearchTask.judge_prompt, where="reward")
-
-
-def _tokenizer(config, task):
-  from rlrag_jax.data.tokenizer import tokenizer_for
-  return tokenizer_for(config.model, config.workdir, task.tokenizer_texts, SPECIAL_TOKENS)
 
 
 def make_task(config) -> SearchTask:

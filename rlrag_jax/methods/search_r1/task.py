@@ -35,7 +35,7 @@ from rlrag_jax.methods.search_r1 import prompts, report, rewards, settings
 from rlrag_jax.retrieval import from_config
 from rlrag_jax.retrieval.query_cache import QueryEmbeddings
 from rlrag_jax.rollout import Observation, run_tool_loop, truncate_observation
-from rlrag_jax.tasks import Episode, Task
+from rlrag_jax.tasks import Episode, SingleStreamTask
 
 log = logging.getLogger("rlrag_jax.search_r1")
 
@@ -61,7 +61,7 @@ class _Env:
     return out
 
 
-class SearchR1Task(Task):
+class SearchR1Task(SingleStreamTask):
   name = "search_r1"
 
   def __init__(self, config, *, encoder=None):
@@ -76,11 +76,7 @@ class SearchR1Task(Task):
     # passages a from-scratch tokenizer reads are the world's, where there is one).
     self.remote = bool(config.retrieval.url)
     self.corpus = list(sel.corpus) if self.remote else from_config.corpus_for(config, sel)
-    from rlrag_jax.data.tokenizer import tokenizer_for
-    self.tokenizer = tokenizer_for(config.model, config.workdir, self.tokenizer_texts,
-                                   prompts.TAGS)
-    self.use_chat = bool(config.model.chat_template and
-                         getattr(self.tokenizer, "chat_template", None))
+    self.use_tokenizer(config, prompts.TAGS)
     self.encoder, self.retriever, self.index_dir = from_config.retriever_for(
         config, self.corpus, encoder)
     self._embed = QueryEmbeddings(self.encoder)
@@ -143,16 +139,12 @@ class SearchR1Task(Task):
       i += 1
     return ids, mask
 
-  def _eos(self) -> list:
-    eos = self.tokenizer.eos_token_id
-    return [eos] if eos is not None else []
-
   def sft_target_ids(self, ex) -> list:
-    return self._encode_pieces(self._pieces(ex))[0] + self._eos()
+    return self._encode_pieces(self._pieces(ex))[0] + self.eos()
 
   def sft_loss_mask(self, ex) -> list:
     """0 on the retrieved passages (as in RL), 1 on the model's tokens and EOS."""
-    return self._encode_pieces(self._pieces(ex))[1] + [1] * len(self._eos())
+    return self._encode_pieces(self._pieces(ex))[1] + [1] * len(self.eos())
 
   # ---------------------------------------------------------------- rollouts
   def rollout(self, policy, examples, rng, *, group_size: int = 1, greedy: bool = False) -> list:
@@ -180,18 +172,13 @@ class SearchR1Task(Task):
     return episodes
 
   # ---------------------------------------------------------------- rewards and metrics
-  def reward(self, episode, step: int = 0) -> dict:
+  def rewards(self, episodes, step: int = 0) -> list:
     del step
-    return rewards.reward(episode.text, episode.example.answers)
+    return [rewards.reward(ep.text, ep.example.answers) for ep in episodes]
 
-  def eval_metrics(self, episode) -> dict:
+  def eval_metrics(self, episodes) -> list:
     """em (the reward), f1, answered (an <answer> was given), searches, the prediction."""
-    pred = rewards.extract_answer(episode.text)
-    answers = episode.example.answers
-    return {"em": metrics.exact_match(pred, answers) if pred is not None else 0.0,
-            "f1": metrics.f1(pred, answers) if pred is not None else 0.0,
-            "answered": float(pred is not None),
-            "searches": float(episode.info["searches"]), "prediction": pred or ""}
+    return [_eval_metrics(ep) for ep in episodes]
 
   def monitors(self) -> list:
     """The retrieval server's failure monitor when `retrieval.url` is set (its calls and
@@ -217,6 +204,15 @@ class SearchR1Task(Task):
       yield "".join(t for t, _ in prompts.gold_pieces(self._queries(ex), ex.answers[0],
                                                        lambda q: ""))
     yield prompts.TEMPLATE
+
+
+def _eval_metrics(episode) -> dict:
+  pred = rewards.extract_answer(episode.text)
+  answers = episode.example.answers
+  return {"em": metrics.exact_match(pred, answers) if pred is not None else 0.0,
+          "f1": metrics.f1(pred, answers) if pred is not None else 0.0,
+          "answered": float(pred is not None),
+          "searches": float(episode.info["searches"]), "prediction": pred or ""}
 
 
 # -------------------------------------------------------------------------------- data

@@ -1,7 +1,7 @@
 """SPARKLE's keys in the config check (`rlrag_jax.config_check`): key pattern -> allowed values,
 each set the constant its consumer raises with."""
 from rlrag_jax import config_check as cc
-from rlrag_jax.methods.sparkle import agent, rewards, task
+from rlrag_jax.methods.sparkle import agent, rewards, task, triples
 
 RULES = {
     "sparkle.role": cc.OneOf(task.ROLES),
@@ -27,7 +27,7 @@ RULES = {
     "sparkle.reader.concurrency": cc.COUNT,
     "sparkle.reader.failure_window": cc.COUNT,
     "sparkle.reader.max_failure_rate": cc.FRACTION,
-    "sparkle.kg_default": cc.OneOf(task.KG_DEFAULTS),
+    "sparkle.kg_default": cc.OneOf(triples.KG_DEFAULTS),
     "sparkle.valid_fraction": cc.RATIO_BELOW_ONE,   # task.split_validation; 0: no validation
     "sparkle.eval_on": cc.OneOf(task.EVAL_ON),
     "sparkle.eval.naive_k": cc.COUNT,

@@ -15,28 +15,26 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import pathlib
 import random
-import re
 import time
 
 import numpy as np
 
 from rlrag_jax import metrics
-from rlrag_jax.data import sources
 from rlrag_jax.methods.sparkle import agent as agent_lib
 from rlrag_jax.methods.sparkle import parsing, prompts, readers, rewards, settings
 from rlrag_jax.methods.sparkle.report import VARIANTS
-from rlrag_jax.methods.sparkle.triples import TripleStore
+from rlrag_jax.methods.sparkle.trajectories import read_trajectories
+from rlrag_jax.methods.sparkle.triples import TripleStore, knowledge_graph
 from rlrag_jax.retrieval.corpus_search import CorpusSearch
 from rlrag_jax.rollout.single_turn import decode_keeping_tags
-from rlrag_jax.tasks import Episode, Group, Task
+from rlrag_jax import tasks
+from rlrag_jax.tasks import Episode, EvalRow, Group, RLTask, Task
 
 ROLES = ("proxy", "reader")
 ROLLOUTS = ("tree", "standard")
-KG_DEFAULTS = ("sentences", "train_evidence", "none")
 # sparkle.eval_on: what the trainer's evaluations read: the data.eval_mix questions ('eval') or
 # the validation questions held out of the training ones ('valid', sparkle.valid_fraction > 0;
 # the paper selects hyperparameters on its 1,500).
@@ -55,28 +53,6 @@ def split_validation(train: list, fraction: float, seed: int) -> tuple:
 log = logging.getLogger("rlrag_jax.sparkle")
 
 
-def read_trajectories(path) -> dict:
-  """{example id: [(role, prompt, target)]} of the correct trajectories in a file that
-  trajectories.py wrote; a malformed line names file and line."""
-  out = {}
-  p = pathlib.Path(path).expanduser()
-  if not p.exists():
-    raise FileNotFoundError(f"config key 'sparkle.sft_trajectories': {p} does not exist (write "
-                            "it with python -m rlrag_jax.methods.sparkle.trajectories)")
-  for n, line in enumerate(p.read_text().splitlines(), start=1):
-    if not line.strip():
-      continue
-    try:
-      row = json.loads(line)
-      if row["correct"]:
-        out[str(row["id"])] = [(str(s["role"]), str(s["prompt"]), str(s["target"]))
-                               for s in row["samples"]]
-    except (ValueError, KeyError, TypeError) as e:
-      raise ValueError(f"{p}:{n}: expected {{'id', 'correct', 'samples': [{{'role', 'prompt', "
-                       f"'target'}}]}} ({e})") from None
-  return out
-
-
 def _plan(env: CorpusSearch, ex):
   """The oracle's plan of an example (step gold ids as corpus ids), or None without a
   decomposition with gold documents."""
@@ -87,87 +63,7 @@ def _plan(env: CorpusSearch, ex):
                          [env.ids(ex, s.gold_ids) for s in steps])
 
 
-def _load_triples(path: str) -> dict:
-  """{doc id: [(head, relation, tail)]} from extract_triples' JSONL file ('' = none)."""
-  if not path:
-    return {}
-  out = {}
-  p = pathlib.Path(path).expanduser()
-  if not p.exists():
-    raise FileNotFoundError(f"config key 'sparkle.triples_file': {p} does not exist (write it "
-                            "with python -m rlrag_jax.methods.sparkle.extract_triples)")
-  for n, line in enumerate(p.read_text().splitlines(), 1):
-    if not line.strip():
-      continue
-    try:
-      row = json.loads(line)
-      out[str(row["id"])] = [tuple(map(str, t))[:3] for t in row["triples"]]
-    except (ValueError, KeyError, TypeError) as e:
-      raise ValueError(f"{p}:{n}: expected {{'id': ..., 'triples': [[h, r, t], ...]}} ({e})") \
-          from None
-  return out
-
-
-def _evidence_triples(env: CorpusSearch, examples) -> dict:
-  """2Wiki's evidence triples as the triples of the document that states them (the gold
-  context titled by the triple's head): offered only when that document is retrieved, never as
-  a question's own path. Label-derived: called with training questions only."""
-  out = {}
-  for ex in examples:
-    for t in getattr(ex, "triples", None) or ():
-      for c in getattr(ex, "contexts", ()):
-        if metrics.normalize_answer(c.title) == metrics.normalize_answer(t.head):
-          for cid in env.ids(ex, [c.id]):
-            row = (t.head, t.relation, t.tail)
-            if row not in out.setdefault(cid, []):
-              out[cid].append(row)
-          break
-  return out
-
-
-_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
-
-
-def _sentence_triples(record) -> list:
-  """A rule's triples of one document, no LLM and no question: one (title, 'states',
-  sentence) per sentence of its text."""
-  text = " ".join(str(record.text).split())
-  return [(str(record.title), "states", s) for s in _SENTENCE_END.split(text) if s]
-
-
-def knowledge_graph(env: CorpusSearch, train, triples_file: str = "",
-                    default: str = "sentences") -> dict:
-  """{corpus id: [(head, relation, tail)]}, the KG the agent's candidates come from, built
-  without the evaluation questions (it is never handed them): a document's own triples (the
-  world's), else its rows of `triples_file` (extract_triples' JSONL, the paper's offline
-  extraction), else `default` (config key 'sparkle.kg_default'):
-    'sentences'       one (title, 'states', sentence) per sentence of the document: every
-                      document, no labels (the paper's coverage, not its extractor);
-    'train_evidence'  the 2Wiki evidence triples of the training questions on the documents
-                      that state them: label-derived, and only training questions' gold
-                      documents get any;
-    'none'            no triples."""
-  if default not in KG_DEFAULTS:
-    raise ValueError(f"config key 'sparkle.kg_default' is {default!r}; expected one of "
-                     f"{KG_DEFAULTS}")
-  from_file = _load_triples(triples_file)
-  evidence = _evidence_triples(env, train) if default == "train_evidence" else {}
-  out = {}
-  for r in env.records:
-    own = [(t.head, t.relation, t.tail) if hasattr(t, "head") else tuple(t)[:3]
-           for t in (getattr(r, "triples", None) or ())]
-    if own:
-      out[r.id] = own
-    elif r.id in from_file:
-      out[r.id] = list(from_file[r.id])
-    elif default == "sentences":
-      out[r.id] = _sentence_triples(r)
-    else:
-      out[r.id] = list(evidence.get(r.id, ()))
-  return out
-
-
-class ProxyTask(Task):
+class ProxyTask(RLTask):
   name = "sparkle"
 
   def __init__(self, config, encoder=None):
@@ -179,7 +75,7 @@ class ProxyTask(Task):
                        f"{ROLLOUTS}")
     self.group_size = 1                      # one tree per question
     self.sibling_baselines = s.rollout == "tree"
-    sel = sources.select(config.data, seed=config.seed)
+    sel = tasks.select_data(config)
     self.train, self.eval = list(sel.train), list(sel.eval)
     # Validation questions leave the training ones before anything (the KG too) reads them.
     self.train, self.valid = split_validation(self.train, float(s.valid_fraction), config.seed)
@@ -207,10 +103,7 @@ class ProxyTask(Task):
     self.sft_counts = {}
     self._baselines = {}
     self.last_forest = {}
-    from rlrag_jax.data.tokenizer import tokenizer_for
-    self.tokenizer = tokenizer_for(config.model, config.workdir, self.tokenizer_texts, ())
-    self.use_chat = bool(config.model.chat_template and
-                         getattr(self.tokenizer, "chat_template", None))
+    tasks.use_tokenizer(self, config, ())
     r = s.reader
     if r.url:
       self.reader = readers.EndpointReader(
@@ -243,9 +136,7 @@ class ProxyTask(Task):
     return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
   def target_ids(self, text: str) -> list:
-    eos = self.tokenizer.eos_token_id
-    return self.tokenizer(text, add_special_tokens=False)["input_ids"] + (
-        [eos] if eos is not None else [])
+    return self.tokenizer(text, add_special_tokens=False)["input_ids"] + tasks.eos(self.tokenizer)
 
   def role_prompt_ids(self, role: str, text: str) -> list:
     """A role's prompt ids, keeping the last tokens when the prompt and the role's longest
@@ -394,14 +285,9 @@ class ProxyTask(Task):
     return self._sft.get(str(ex.id), [])
 
   def prompt_ids(self, ex) -> list:
+    """The retrieval decision's prompt at the question's root state."""
     st = agent_lib.State(question=ex.question, tree=0)
     return self.encode(self._probe_agent().rd_prompt(st))
-
-  def sft_target(self, ex) -> str:
-    return parsing.render_decision(True)
-
-  def sft_target_ids(self, ex) -> list:
-    return self.target_ids(self.sft_target(ex))
 
   def tokenizer_texts(self):
     yield prompts.RD_INSTRUCTION
@@ -426,8 +312,10 @@ class ProxyTask(Task):
   # ---------------------------------------------------------------- RL: tree rollouts
   def collect(self, policy, examples, rng, *, group_size, want, step):
     """One tree (or one standard rollout) per question; one episode per proxy decision with
-    its Monte-Carlo return, a Group per decision (its sibling branches: `Episode.group`).
-    (The engine pads the count, which varies, to a bucket of bounded shapes.)"""
+    its Monte-Carlo return, a Group per decision (its sibling branches: the decisions of one
+    parent node), each with the draw's forest statistics as its `metrics` (leaf reward, F1 and
+    recall, leaves and pruned nodes per question, retrievals). (The engine pads the count,
+    which varies, to a bucket of bounded shapes.)"""
     examples = list(examples)
     ag = self.agent(policy, rng)
 
@@ -445,50 +333,52 @@ class ProxyTask(Task):
              "pruned": float(forest.counts()["pruned"]) / len(examples),
              "retrievals": float(np.mean([l.state.retrievals for l in leaves]))}
     self.last_forest = dict(stats, nodes=forest.counts()["nodes"])
-    episodes, scores = [], []
+    runs = []        # [parent, episodes, rewards]: runs of one parent node, in the forest's order
     for d in forest.decisions():
       for smp in d.sample or ():
         comp = list(smp.completion)
-        episodes.append(Episode(example=examples[d.tree],
-                                prompt_ids=self.role_prompt_ids(smp.role, smp.prompt),
-                                completion_ids=comp, loss_mask=[1] * len(comp), text="",
-                                info={"role": smp.role, "forced": smp.forced},
-                                group=d.group, baseline=float(d.base)))
-        scores.append({"total": float(d.ret), **{f"is_{r}": float(smp.role == r)
-                                                   for r in agent_lib.ROLES}, **stats})
-    if not episodes:        # every question answered before any decision: nothing to learn
+        if not runs or runs[-1][0] != d.group:
+          runs.append([d.group, [], []])
+        runs[-1][1].append(Episode(example=examples[d.tree],
+                                   prompt_ids=self.role_prompt_ids(smp.role, smp.prompt),
+                                   completion_ids=comp, loss_mask=[1] * len(comp), text="",
+                                   info={"role": smp.role, "forced": smp.forced},
+                                   baseline=float(d.base)))
+        runs[-1][2].append({"total": float(d.ret), **{f"is_{r}": float(smp.role == r)
+                                                        for r in agent_lib.ROLES}})
+    if not runs:        # every question answered before any decision: nothing to learn
       st = agent_lib.State(question=examples[0].question, tree=0)
       comp = self.target_ids(parsing.NO)
-      episodes.append(Episode(example=examples[0],     # a loss mask of zeros: trains nothing
-                              prompt_ids=self.encode(self._probe_agent().rd_prompt(st)),
-                              completion_ids=comp, loss_mask=[0] * len(comp), text="",
-                              info={"role": "rd"}, group=-1, baseline=0.0))
-      scores.append({"total": 0.0, **{f"is_{r}": 0.0 for r in agent_lib.ROLES}, **stats})
-    groups = []      # runs of one Episode.group, in the forest's order
-    for ep, sc in zip(episodes, scores):
-      if not groups or groups[-1].episodes[-1].group != ep.group:
-        groups.append(Group([], []))
-      groups[-1].episodes.append(ep)
-      groups[-1].scores.append(sc)
-    return groups
+      runs.append([None, [Episode(example=examples[0],     # a loss mask of zeros: trains nothing
+                                  prompt_ids=self.encode(self._probe_agent().rd_prompt(st)),
+                                  completion_ids=comp, loss_mask=[0] * len(comp), text="",
+                                  info={"role": "rd"}, baseline=0.0)],
+                   [{"total": 0.0, **{f"is_{r}": 0.0 for r in agent_lib.ROLES}}]])
+    return [Group(eps, rewards_, stats) for _, eps, rewards_ in runs]
 
   def rollout(self, policy, examples, rng, *, group_size=1, greedy=False):
-    """The linear loop (one episode per question: its final state; the trainer's RL loop
-    uses `collect`)."""
+    """The linear loop (one episode per question: its final state), for
+    experiments.headroom / grad_noise; the trainer's RL loop uses `collect`."""
     examples = list(examples)
     states = self.agent(policy, rng).run([ex.question for ex in examples], greedy=greedy)
     return [Episode(example=ex, prompt_ids=self.prompt_ids(ex), completion_ids=[],
                     loss_mask=[], text=st.prediction, info={"state": st})
             for ex, st in zip(examples, states)]
 
-  def reward(self, episode, step: int = 0) -> dict:
-    st = episode.info.get("state")
-    if st is None:
-      return {"total": 0.0}
-    return self.score_state(episode.example, st)
+  def rewards(self, episodes, step: int = 0) -> list:
+    """The system reward of each `rollout` episode's final state."""
+    return [self.score_state(ep.example, ep.info["state"]) for ep in episodes]
 
   # ---------------------------------------------------------------- evaluation
-  def eval_rollout(self, policy, examples, rng):
+  def evaluate(self, policy, examples, rng) -> list:
+    """The linear greedy loop of Algorithm 1 (with `sparkle.eval.baselines`, the reader alone
+    and naive RAG too): per question `row_metrics`, the loop's prediction."""
+    examples = list(examples)
+    return [EvalRow(ex, runs[""]["state"].prediction, self.row_metrics(ex, runs))
+            for ex, runs in zip(examples, self.eval_runs(policy, examples, rng))]
+
+  def eval_runs(self, policy, examples, rng) -> list:
+    """Per question {variant prefix: {'state': final State, 'seconds': per question}}."""
     examples = list(examples)
     questions = [ex.question for ex in examples]
     ag = self.agent(policy, rng)
@@ -513,39 +403,32 @@ class ProxyTask(Task):
         self._baselines[key] = base
       for p, (states, secs) in self._baselines[key].items():
         runs[p], seconds[p] = states, secs
-    return [Episode(example=ex, prompt_ids=self.prompt_ids(ex), completion_ids=[], loss_mask=[],
-                    text=runs[""][k].prediction,
-                    info={p: {"state": runs[p][k], "seconds": seconds[p]} for p in runs})
-            for k, ex in enumerate(examples)]
+    return [{p: {"state": runs[p][k], "seconds": seconds[p]} for p in runs}
+            for k in range(len(examples))]
 
-  def eval_metrics_batch(self, episodes) -> list:
-    out = []
+  def row_metrics(self, ex, runs) -> dict:
+    """F1, EM, recall, reward, retrievals, steps, answered and latency per variant, cumulative
+    Recall@k per retrieval step, and the main loop's malformed outputs per role."""
     steps = int(self.settings.eval.recall_steps)
-    for ep in episodes:
-      m = {}
-      gold = set(self.gold(ep.example))
-      for p, r in ep.info.items():
-        st = r["state"]
-        sc = self.score_state(ep.example, st)
-        m.update({f"{p}f1": sc["f1"], f"{p}em": sc["em"], f"{p}recall": sc["recall"],
-                  f"{p}reward": sc["total"], f"{p}retrievals": float(st.retrievals),
-                  f"{p}steps": float(st.steps), f"{p}answered": float(st.answer is not None),
-                  f"{p}latency_s": float(r["seconds"])})
-        if gold:
-          seen = set()
-          for t in range(steps):        # cumulative Recall@k over the first t+1 retrievals
-            if t < len(st.retrieved):
-              seen |= set(st.retrieved[t])
-            m[f"{p}recall@{self.agent_cfg.recall_k}_step{t + 1}"] = len(seen & gold) / len(gold)
-        if p == "":
-          for role in ("rd", "qf", "ki", "reader"):
-            m[f"malformed_{role}"] = float(st.malformed.count(role))
-      m["prediction"] = ep.text
-      out.append(m)
-    return out
-
-  def eval_metrics(self, episode) -> dict:
-    return self.eval_metrics_batch([episode])[0]
+    m = {}
+    gold = set(self.gold(ex))
+    for p, r in runs.items():
+      st = r["state"]
+      sc = self.score_state(ex, st)
+      m.update({f"{p}f1": sc["f1"], f"{p}em": sc["em"], f"{p}recall": sc["recall"],
+                f"{p}reward": sc["total"], f"{p}retrievals": float(st.retrievals),
+                f"{p}steps": float(st.steps), f"{p}answered": float(st.answer is not None),
+                f"{p}latency_s": float(r["seconds"])})
+      if gold:
+        seen = set()
+        for t in range(steps):        # cumulative Recall@k over the first t+1 retrievals
+          if t < len(st.retrieved):
+            seen |= set(st.retrieved[t])
+          m[f"{p}recall@{self.agent_cfg.recall_k}_step{t + 1}"] = len(seen & gold) / len(gold)
+      if p == "":
+        for role in ("rd", "qf", "ki", "reader"):
+          m[f"malformed_{role}"] = float(st.malformed.count(role))
+    return m
 
   def report(self, workdir, rlog, setup) -> None:
     from rlrag_jax.methods.sparkle import report
@@ -555,13 +438,12 @@ class ProxyTask(Task):
 class ReaderTask(Task):
   """The frozen reader of the CPU default: SFT on the oracle reader's next thought."""
   name = "sparkle"
-  stages = ("sft",)
 
   def __init__(self, config, encoder=None):
     self.config = config
     self.settings = s = settings.parse(config)
     self.style = config.data.prompt_style
-    sel = sources.select(config.data, seed=config.seed)
+    sel = tasks.select_data(config)
     self.env = CorpusSearch(config, sel, encoder)
     self.train = [ex for ex in sel.train if _plan(self.env, ex) is not None]
     self.eval = [ex for ex in sel.eval if _plan(self.env, ex) is not None]
@@ -579,9 +461,8 @@ class ReaderTask(Task):
     self.p_distractor = float(s.reader_sft.distractor_prob)
     near = self.env.search([ex.question for ex in self.train], 8)
     self._near = {str(ex.id): n for ex, n in zip(self.train, near)}
-    from rlrag_jax.data.tokenizer import tokenizer_for
-    self.tokenizer = tokenizer_for(config.model, config.workdir, self.tokenizer_texts)
-    self.use_chat = False
+    from rlrag_jax.data.tokenizer import DEFAULT_TAGS
+    tasks.use_tokenizer(self, config, DEFAULT_TAGS, chat=False)
 
   def prompt_ids_at(self, question, ctx, thoughts) -> list:
     text = prompts.reader_text(question, self.env.pairs(ctx), thoughts, self.style,
@@ -590,9 +471,7 @@ class ReaderTask(Task):
 
   def target_ids(self, t: parsing.Thought) -> list:
     text = prompts.render_answer(t.text) if t.kind == "answer" else prompts.render_think(t.text)
-    eos = self.tokenizer.eos_token_id
-    return self.tokenizer(text, add_special_tokens=False)["input_ids"] + (
-        [eos] if eos is not None else [])
+    return self.tokenizer(text, add_special_tokens=False)["input_ids"] + tasks.eos(self.tokenizer)
 
   def walk(self, ex, rng: random.Random) -> list:
     """[(context, thoughts, next thought)] along one noisy oracle walk: a need is met with
@@ -626,15 +505,6 @@ class ReaderTask(Task):
     return [(self.prompt_ids_at(ex.question, c, th), self.target_ids(t), None)
             for c, th, t in self.walk(ex, rng)]
 
-  def prompt_ids(self, ex) -> list:
-    return self.prompt_ids_at(ex.question, (), ())
-
-  def sft_target(self, ex) -> str:
-    return prompts.render_think(_plan(self.env, ex).thought((), ()).text)
-
-  def sft_target_ids(self, ex) -> list:
-    return self.target_ids(_plan(self.env, ex).thought((), ()))
-
   def tokenizer_texts(self):
     yield prompts.READER_INSTRUCTION
     yield prompts.reader_text("", [], [], self.style)
@@ -647,16 +517,7 @@ class ReaderTask(Task):
         yield plan.need(i) + " " + plan.fact(i)
       yield prompts.render_answer(plan.final)
 
-  def rollout(self, policy, examples, rng, *, group_size=1, greedy=False):
-    from rlrag_jax.rollout.single_turn import single_turn
-    return single_turn(policy, examples, self.prompt_ids,
-                       lambda ids: decode_keeping_tags(self.tokenizer, ids), rng,
-                       group_size=group_size, greedy=greedy)
-
-  def reward(self, episode, step: int = 0) -> dict:
-    return {"total": 0.0}
-
-  def eval_rollout(self, policy, examples, rng):
+  def evaluate(self, policy, examples, rng) -> list:
     """The reader under a perfect proxy: every need is met with its gold documents. Reports
     the final answer and how often each thought equals the oracle's at that state."""
     examples = list(examples)
@@ -687,16 +548,13 @@ class ReaderTask(Task):
         i = plans[k].needed(thoughts[k])
         if i is not None:
           ctx[k] += [g for g in plans[k].gold[i] if g not in ctx[k]]
-    return [Episode(example=ex, prompt_ids=self.prompt_ids(ex), completion_ids=[], loss_mask=[],
-                    text=answer[k] or "", info={"agree": float(np.mean(agree[k] or [0.0])),
-                                                "steps": float(len(agree[k]))})
-            for k, ex in enumerate(examples)]
-
-  def eval_metrics(self, episode) -> dict:
-    return {"em": metrics.exact_match(episode.text, episode.example.answers),
-            "f1": metrics.f1(episode.text, episode.example.answers),
-            "thought_match": episode.info.get("agree", 0.0),
-            "steps": episode.info.get("steps", 0.0), "prediction": episode.text}
+    rows = []
+    for k, ex in enumerate(examples):
+      text = answer[k] or ""
+      rows.append(EvalRow(ex, text, {
+          "em": metrics.exact_match(text, ex.answers), "f1": metrics.f1(text, ex.answers),
+          "thought_match": float(np.mean(agree[k] or [0.0])), "steps": float(len(agree[k]))}))
+    return rows
 
 
 def make_task(config):
