@@ -59,11 +59,6 @@ LAYERS = (
 
 MAX_FUNCTION_LINES = 60
 ENGINE = ("training", "rollout", "rl", "sampling", "trainer.py")
-# Functions over the limit in files being rewritten elsewhere (sampling/*): name -> lines then.
-KNOWN_LONG = {
-    "rlrag_jax/sampling/fast_decode.py:decode_step": 64,
-    "rlrag_jax/sampling/sampler.py:_sample_loop": 86,
-}
 
 
 def modules() -> dict:
@@ -236,8 +231,7 @@ def _functions():
 
 def test_no_engine_function_runs_over_60_lines():
   long = {k: n for k, n in _functions() if n > MAX_FUNCTION_LINES}
-  new = {k: n for k, n in long.items() if k not in KNOWN_LONG}
-  assert not new, f"functions over {MAX_FUNCTION_LINES} lines: {new}"
+  assert not long, f"functions over {MAX_FUNCTION_LINES} lines: {long}"
 
 
 @pytest.mark.parametrize("module,layer", [("rlrag_jax.config_check", "config"),

@@ -26,7 +26,7 @@ from rlrag_jax import metrics
 from rlrag_jax.methods.sparkle import agent as agent_lib
 from rlrag_jax.methods.sparkle import parsing, prompts, readers, rewards, settings
 from rlrag_jax.methods.sparkle.report import VARIANTS
-from rlrag_jax.methods.sparkle.trajectories import read_trajectories
+from rlrag_jax.methods.sparkle.trajectory_io import read_trajectories
 from rlrag_jax.methods.sparkle.triples import TripleStore, knowledge_graph
 from rlrag_jax.retrieval.corpus_search import CorpusSearch
 from rlrag_jax.rollout.single_turn import decode_keeping_tags

@@ -12,7 +12,7 @@ retriever and triples. Each line of `--out` is `{"id", "question", "prediction",
 "correct", "samples": [{"role", "prompt", "target"}, ...]}`; `correct` is F1 >= --min_f1 (1.0:
 the exact answer, as the paper keeps correct trajectories). The file is appended to and
 resumable: questions already in it are skipped. `sparkle.sft_trajectories=FILE` trains the
-proxy on the correct ones instead of the world oracle's (`read_trajectories` reads them).
+proxy on the correct ones instead of the world oracle's (`trajectory_io.read_trajectories` reads them).
 """
 from __future__ import annotations
 
@@ -21,27 +21,7 @@ import pathlib
 import sys
 from typing import Callable, Optional, Sequence
 
-
-def read_trajectories(path) -> dict:
-  """{example id: [(role, prompt, target)]} of the correct trajectories in a file that
-  trajectories.py wrote; a malformed line names file and line."""
-  out = {}
-  p = pathlib.Path(path).expanduser()
-  if not p.exists():
-    raise FileNotFoundError(f"config key 'sparkle.sft_trajectories': {p} does not exist (write "
-                            "it with python -m rlrag_jax.methods.sparkle.trajectories)")
-  for n, line in enumerate(p.read_text().splitlines(), start=1):
-    if not line.strip():
-      continue
-    try:
-      row = json.loads(line)
-      if row["correct"]:
-        out[str(row["id"])] = [(str(s["role"]), str(s["prompt"]), str(s["target"]))
-                               for s in row["samples"]]
-    except (ValueError, KeyError, TypeError) as e:
-      raise ValueError(f"{p}:{n}: expected {{'id', 'correct', 'samples': [{{'role', 'prompt', "
-                       f"'target'}}]}} ({e})") from None
-  return out
+from rlrag_jax.methods.sparkle.trajectory_io import read_trajectories  # noqa: F401 (re-exported)
 
 
 def endpoint_proposer(url: str, model: str, max_tokens: dict, *, temperature: float = 0.0,
