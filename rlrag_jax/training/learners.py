@@ -600,11 +600,16 @@ def _tree_values(episodes, mask) -> np.ndarray:
 
 def explained_variance(values, returns, mask) -> float:
   """1 - Var(returns - values) / Var(returns) over the masked tokens (1: a perfect critic,
-  0: no better than a constant, < 0: worse). NaN when the returns do not vary."""
+  0: no better than a constant, < 0: worse). NaN when the returns do not vary beyond float32
+  rounding (a relative spread under 1e-6: all-zero rewards leave GAE returns of order 1e-9,
+  whose variance would make the ratio about -1e13)."""
   m = np.asarray(mask, np.float64) > 0
   v, r = np.asarray(values, np.float64)[m], np.asarray(returns, np.float64)[m]
-  var_r = r.var() if r.size else 0.0
-  return float(1.0 - (r - v).var() / var_r) if var_r > 0 else float("nan")
+  if not r.size:
+    return float("nan")
+  var_r = r.var()
+  floor = (1e-6 * max(1.0, float(np.abs(r).max()))) ** 2
+  return float(1.0 - (r - v).var() / var_r) if var_r > floor else float("nan")
 
 
 def _masked_mean(x, mask) -> float:

@@ -465,3 +465,16 @@ def test_kl_form_reward_puts_minus_beta_kl_on_each_token_reward_and_drops_the_lo
     learners.make_learner(c, steps, mesh, CFG, pad_id=0)
   assert sparkle.get_config("paper").rl.kl_form == "reward"
   assert sparkle.get_config("").rl.kl_form == "loss"
+
+
+def test_explained_variance_is_nan_when_the_returns_do_not_vary():
+  mask = np.ones((2, 4), np.float32)
+  values = np.array([[0.3, -0.2, 0.1, 0.0], [0.5, 0.4, -0.1, 0.2]], np.float32)
+  # all-zero rewards: GAE returns of float32 rounding size, not a spread a critic can explain
+  tiny = np.array([[1e-9, -2e-9, 0.0, 3e-9], [0.0, 1e-9, -1e-9, 0.0]], np.float32)
+  assert np.isnan(learners.explained_variance(values, tiny, mask))
+  assert np.isnan(learners.explained_variance(values, np.zeros_like(values), mask))
+  returns = np.array([[1.0, 0.0, 0.5, 0.25], [0.0, 1.0, 0.75, 0.5]])
+  r, v = returns.reshape(-1), values.reshape(-1).astype(np.float64)
+  assert learners.explained_variance(values, returns, mask) == pytest.approx(
+      1 - np.var(r - v) / np.var(r), rel=1e-12)
