@@ -444,6 +444,10 @@ class ProxyTask(Task):
              "leaves": float(len(leaves)) / len(examples),
              "pruned": float(forest.counts()["pruned"]) / len(examples),
              "retrievals": float(np.mean([l.state.retrievals for l in leaves]))}
+    # The share of the proxy's calls that hit their role's token cap without a stop (logged as
+    # reward/truncated_decision_rate, ..._formulation_rate, ..._selection_rate; no reward).
+    stats.update(agent_lib.truncation_rates(agent_lib.truncation_counts(
+        [smp for d in forest.decisions() for smp in d.sample or ()])))
     self.last_forest = dict(stats, nodes=forest.counts()["nodes"])
     episodes, scores = [], []
     for d in forest.decisions():
@@ -494,7 +498,8 @@ class ProxyTask(Task):
     ag = self.agent(policy, rng)
     runs, seconds = {}, {}
     t0 = time.perf_counter()
-    runs[""] = ag.run(questions, greedy=True)
+    made = []                           # per question, the proxy calls it made
+    runs[""] = ag.run(questions, greedy=True, samples=made)
     seconds[""] = (time.perf_counter() - t0) / max(1, len(examples))
     if self.settings.eval.baselines:
       key = tuple(str(ex.id) for ex in examples)
@@ -515,7 +520,9 @@ class ProxyTask(Task):
         runs[p], seconds[p] = states, secs
     return [Episode(example=ex, prompt_ids=self.prompt_ids(ex), completion_ids=[], loss_mask=[],
                     text=runs[""][k].prediction,
-                    info={p: {"state": runs[p][k], "seconds": seconds[p]} for p in runs})
+                    info={p: {"state": runs[p][k], "seconds": seconds[p],
+                              **({"calls": agent_lib.truncation_counts(made[k])} if p == ""
+                                 else {})} for p in runs})
             for k, ex in enumerate(examples)]
 
   def eval_metrics_batch(self, episodes) -> list:
@@ -540,6 +547,8 @@ class ProxyTask(Task):
         if p == "":
           for role in ("rd", "qf", "ki", "reader"):
             m[f"malformed_{role}"] = float(st.malformed.count(role))
+          # the proxy's calls and those cut at their token cap (the report's rates: sums' ratio)
+          m.update(r.get("calls", {}))
       m["prediction"] = ep.text
       out.append(m)
     return out
