@@ -444,8 +444,9 @@ class ProxyTask(Task):
              "leaves": float(len(leaves)) / len(examples),
              "pruned": float(forest.counts()["pruned"]) / len(examples),
              "retrievals": float(np.mean([l.state.retrievals for l in leaves]))}
-    # The share of the proxy's calls that hit their role's token cap without a stop (logged as
-    # reward/truncated_decision_rate, ..._formulation_rate, ..._selection_rate; no reward).
+    # The share of the proxy's calls the step trains on (pruned branches' excluded) that hit
+    # their role's token cap without a stop: reward/truncated_decision_rate,
+    # ..._formulation_rate, ..._selection_rate (logged, in no reward).
     stats.update(agent_lib.truncation_rates(agent_lib.truncation_counts(
         [smp for d in forest.decisions() for smp in d.sample or ()])))
     self.last_forest = dict(stats, nodes=forest.counts()["nodes"])
