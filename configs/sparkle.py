@@ -126,7 +126,7 @@ Differences from the paper, with the reason:
     sparkle_report.txt's "Truncated proxy calls". Measured once, on the CPU default only (its
     caps: decision 6, formulation 72, selection 24; seed 0, code of bdb5871, 3 RL steps, 32
     held-out questions, greedy): decisions 1.000 (134 of 134; the decision text is 13-15 tokens
-    of its tokenizer, so every sampled decision is cut after "Yes (ret": the parser reads its
+    of its tokenizer, so every sampled decision is cut at "Yes (retrie": the parser reads its
     first word, but RL trains on 6-token decisions without an end while the tree's forced ones
     carry all 14-16), formulations 0.699 (51 of 73), selections 0.000 (0 of 73), the same
     after the 3 RL steps as after SFT; in the RL steps' trees decisions 1.0, formulations
