@@ -104,14 +104,19 @@ def test_tree_ppo_trains_reports_and_resumes(tmp_path, reader):
     assert r == sorted(r)
   report = (tmp_path / "whole" / "sparkle_report.txt").read_text()
   for name in ("SFT only", "tree-rollout PPO", "reader alone", "naive RAG", "SPARKLE", "R@5 s1",
-               "SFT warm-up"):
+               "SFT warm-up", "Truncated proxy calls"):
     assert name in report
+  # the proxy's calls cut at their token cap, counted per question (greedy, held out)
+  assert 0 <= after["truncated_decisions"] <= after["decisions"]
+  assert 0 <= after["truncated_selections"] <= after["selections"]
   rows = [json.loads(l) for l in (tmp_path / "whole" / "metrics.jsonl").open()]
   rl = [r for r in rows if r.get("stage") == "rl"]
   assert len(rl) == 2
   for r in rl:
     assert "vf/loss" in r and "reward/leaf_reward" in r and "reward/is_rd" in r
     assert r["reward/is_rd"] > 0              # every tree decides at least once
+    for name in ("decision", "formulation", "selection"):
+      assert 0.0 <= r[f"reward/truncated_{name}_rate"] <= 1.0
   # killed after the first RL step, then resumed: the same final evaluation. The baselines
   # (reader alone, naive RAG) do not depend on the proxy and were checked above: off here.
   sft = 4

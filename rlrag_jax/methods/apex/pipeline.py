@@ -21,8 +21,15 @@ checkpoint), again with that one ("exec SFT off"); without it those cells are n/
 from-scratch executor without SFT cannot follow any prompt. The planner's cells also report
 their plans' SEPR against the gold plans.
 
-Writes OUT/apex_report.txt (the table), OUT/summary.json (per cell means and the per-question
-EM the seed aggregation pairs on) and OUT/traces/<cell>.jsonl (per question: plan, every
+EM and F1 are given per dataset and as their unweighted mean (the paper's Tables 1-2 and their
+"Avg."), each question counted under its example's `source` (hotpotqa, 2wiki, musique,
+bamboogle; the CPU default's generated questions: 'world', one row): a mean over every question
+pooled would weight the datasets by their sizes (2Wiki is 56% of the four full dev sets). The
+cells' table gives that average.
+
+Writes OUT/apex_report.txt (the tables), OUT/summary.json (per cell means overall and per
+dataset, and the per-question EM and F1 with each question's id and dataset, which the seed
+aggregation pairs on) and OUT/traces/<cell>.jsonl (per question: dataset, plan, every
 sub-question's resolution, decision, queries, retrieved ids and answer, the prediction, EM).
 """
 from __future__ import annotations
@@ -42,6 +49,13 @@ log = logging.getLogger("rlrag_jax.apex")
 CELLS = ("naive_rag", "no_planning", "plan_sft", "plan_rl", "gold_plan")
 LABELS = {"naive_rag": "naive RAG", "no_planning": "no planning", "plan_sft": "plan w/o RL",
           "plan_rl": "plan with RL", "gold_plan": "gold plan (bound)"}
+
+# The paper's datasets in its tables' order, by Example.source, with their column names; other
+# sources (the generated world's 'world') follow them, sorted.
+DATASETS = {"hotpotqa": "HotpotQA", "2wiki": "2Wiki", "musique": "MuSiQue",
+            "bamboogle": "Bamboogle"}
+AVG = "Avg."
+UNLABELLED = "unlabelled"
 
 # Command-line flags are defined in define_flags(), only when this module runs as a command,
 # so that importing it (tests, other commands) defines no absl flag twice.
@@ -117,6 +131,17 @@ def _policy(lm, max_new_tokens: int, rows_per_call: int):
                 pad_id=tok.pad_token_id or 0, rows_per_call=int(rows_per_call))
 
 
+def use_eval_data(c, data: str, num_examples: int = 0) -> None:
+  """Points config `c`'s data at `data` (--data: comma-separated 'name:split[:count]' specs read
+  from RLRAG_DATA_DIR) for evaluation only; its examples keep their dataset (Example.source)."""
+  from rlrag_jax.data import paths
+  c.data.source = "files"
+  c.data.dir = str(paths.data_dir())
+  c.data.mix = ()
+  c.data.eval_mix = tuple(s.strip() for s in data.split(",") if s.strip())
+  c.data.max_eval = int(num_examples)
+
+
 def executor_task(executor: str, out: pathlib.Path, config_file: str = "", data: str = "",
                   like=None, num_examples: int = 0):
   """The ExecutorTask for `executor`'s config (its tokenizer, prompts, retrieval), evaluating
@@ -134,13 +159,8 @@ def executor_task(executor: str, out: pathlib.Path, config_file: str = "", data:
     c.workdir = str(out)
     c.retrieval.cache_dir = str(out / "retriever")
   if data and like is None:
-    from rlrag_jax.data import paths
-    c.data.source = "files"
-    c.data.dir = str(paths.data_dir())
-    c.data.mix = ()
-    c.data.eval_mix = tuple(s.strip() for s in data.split(",") if s.strip())
-    c.data.max_eval = int(num_examples)             # the corpus: these examples' contexts
-    c.retrieval.corpus = ""
+    use_eval_data(c, data, num_examples)
+    c.retrieval.corpus = ""                         # the corpus: these examples' contexts
     c.retrieval.cache_dir = str(out / "retriever")
   if like is None:
     return ExecutorTask(c)
@@ -194,7 +214,8 @@ def score_cell(task, examples, traces, plan_info=None, scorer=None) -> tuple:
   from rlrag_jax.methods.apex.task import gold_plan
   rows = []
   for i, (ex, t) in enumerate(zip(examples, traces)):
-    row = {"id": ex.id, "question": ex.question, "answers": list(ex.answers),
+    row = {"id": ex.id, "dataset": ex.source or UNLABELLED, "question": ex.question,
+           "answers": list(ex.answers),
            "prediction": t.answer, "em": metrics.exact_match(t.answer, ex.answers),
            "f1": metrics.f1(t.answer, ex.answers), "plan": list(t.plan),
            "gold_plan": gold_plan(ex), **t.counts(), "steps": t.steps}
@@ -207,6 +228,10 @@ def score_cell(task, examples, traces, plan_info=None, scorer=None) -> tuple:
                        "parse_fallbacks")}
   summary["plan_steps"] = float(np.mean([len(r["plan"]) for r in rows])) if rows else 0.0
   summary["n"] = len(rows)
+  table = per_dataset([r["dataset"] for r in rows], [r["em"] for r in rows],
+                      [r["f1"] for r in rows])
+  summary["by_dataset"] = table["datasets"]
+  summary["avg_em"], summary["avg_f1"] = table["avg"]["em"], table["avg"]["f1"]
   if plan_info is not None:
     summary["plan_fallback"] = float(np.mean(plan_info["fallback"]))
     if scorer is not None:
@@ -217,6 +242,33 @@ def score_cell(task, examples, traces, plan_info=None, scorer=None) -> tuple:
       for r, v in zip(rows, sepr):
         r["sepr"] = float(v)
   return summary, rows
+
+
+def dataset_order(names) -> list:
+  """`names` (Example.source values) in the paper's order, the others after them, sorted."""
+  names = set(names)
+  return [k for k in DATASETS if k in names] + sorted(names - set(DATASETS))
+
+
+def per_dataset(datasets: Sequence[str], em: Sequence[float], f1: Sequence[float]) -> dict:
+  """Per-question EM and F1 with each question's dataset -> {'datasets': {name: {'em', 'f1',
+  'n'}} in the paper's order, 'avg': {'em', 'f1', 'datasets'}}: 'avg' is the unweighted mean
+  over the datasets (the paper's Avg.), not over the questions."""
+  if not len(datasets) == len(em) == len(f1):
+    raise ValueError(f"per_dataset: {len(datasets)} dataset labels, {len(em)} EM and {len(f1)} "
+                     "F1 values; expected one of each per question")
+  out = {}
+  for name in dataset_order(datasets):
+    idx = [i for i, d in enumerate(datasets) if d == name]
+    out[name] = {"em": float(np.mean([em[i] for i in idx])),
+                 "f1": float(np.mean([f1[i] for i in idx])), "n": len(idx)}
+  avg = {k: float(np.mean([v[k] for v in out.values()])) if out else float("nan")
+         for k in ("em", "f1")}
+  return {"datasets": out, "avg": {**avg, "datasets": len(out)}}
+
+
+def dataset_name(name: str) -> str:
+  return DATASETS.get(name, name)
 
 
 def run_pipeline(planner: str, executor: str, out, *, executor_base: str = "",
@@ -257,7 +309,7 @@ def run_pipeline(planner: str, executor: str, out, *, executor_base: str = "",
   executors = {"on": executor}
   if executor_base:
     executors["off"] = executor_base
-  results, per_question = {}, {}
+  results, per_question, per_question_f1 = {}, {}, {}
   for sft, path in executors.items():
     ecfg = task.config
     lm = load_trained(path)
@@ -282,22 +334,94 @@ def run_pipeline(planner: str, executor: str, out, *, executor_base: str = "",
                                  scorer if info is not None else None)
       results[name] = summary
       per_question[name] = [r["em"] for r in rows]
+      per_question_f1[name] = [r["f1"] for r in rows]
       with open(out / "traces" / f"{cell}.exec_sft_{sft}.jsonl", "w") as f:
         for r in rows:
           f.write(json.dumps(r) + "\n")
-      log.info("%s: EM %.3f F1 %.3f (%d questions)", name, summary["em"], summary["f1"],
-               summary["n"])
+      log.info("%s: EM %.3f F1 %.3f (the mean over %d datasets; %d questions)", name,
+               summary["avg_em"], summary["avg_f1"], len(summary["by_dataset"]), summary["n"])
   result = {"planner": str(planner), "executor": str(executor), "executor_base": executor_base,
             "planner_sft_step": sft_step, "data": data or "executor run's held-out split",
             "cells": results, "per_question_em": per_question,
-            "ids": [ex.id for ex in examples]}
+            "per_question_f1": per_question_f1, "ids": [ex.id for ex in examples],
+            "datasets": [ex.source or UNLABELLED for ex in examples]}
   (out / "summary.json").write_text(json.dumps(result, indent=2))
   (out / "apex_report.txt").write_text(format_report(result))
   return result
 
 
+def legacy_dataset(result: dict) -> str:
+  """The one dataset of a summary written before the pipeline labelled its questions: the
+  generated world's (its ids are 'world-NNNNN', Example.source 'world'), or the dataset of a
+  one-dataset --data spec; else UNLABELLED (questions of several datasets, pooled)."""
+  ids = result.get("ids") or []
+  if ids and all(str(i).startswith("world-") for i in ids):
+    return "world"
+  specs = [x for x in str(result.get("data", "")).split(",") if x.strip()]
+  if len(specs) == 1 and ":" in specs[0]:
+    return specs[0].split(":")[0].strip().lower()
+  return UNLABELLED
+
+
+def cell_datasets(result: dict, cell: str) -> dict:
+  """`cell`'s per-dataset table (`per_dataset`'s form) from a pipeline summary. A summary written
+  before the pipeline kept datasets: from its per-question EM and F1 and dataset labels where it
+  has them, else its pooled EM and F1 as the one dataset it holds (`legacy_dataset`)."""
+  s = result["cells"][cell]
+  if "by_dataset" in s:
+    return {"datasets": s["by_dataset"],
+            "avg": {"em": s["avg_em"], "f1": s["avg_f1"], "datasets": len(s["by_dataset"])}}
+  labels = result.get("datasets")
+  em = result.get("per_question_em", {}).get(cell)
+  f1 = result.get("per_question_f1", {}).get(cell)
+  if labels and em is not None and f1 is not None:
+    return per_dataset(labels, em, f1)
+  one = {"em": float(s["em"]), "f1": float(s["f1"]), "n": s.get("n", len(em or ()))}
+  return {"datasets": {legacy_dataset(result): one},
+          "avg": {"em": one["em"], "f1": one["f1"], "datasets": 1}}
+
+
+def _cell_keys(cells) -> list:
+  """The summary's cells in the report's order (CELLS, exec SFT on before off)."""
+  return [f"{c}/exec_sft_{sft}" for c in CELLS for sft in ("on", "off")
+          if f"{c}/exec_sft_{sft}" in cells]
+
+
+def _short(cell: str) -> str:
+  """'plan_rl/exec_sft_on' -> 'plan_rl', '.../exec_sft_off' -> 'plan_rl/off'."""
+  name, sft = cell.split("/exec_sft_")
+  return name if sft == "on" else f"{name}/off"
+
+
+def dataset_rows(tables: dict, fmt=lambda v: v) -> tuple:
+  """(rows, columns) of the per-dataset table: a row per dataset in the paper's order, then
+  'Avg.' (the unweighted mean over the datasets) when there are several; per cell an EM and an
+  F1 column. `tables`: {cell: per_dataset-form table}; `fmt` renders a value."""
+  cells = _cell_keys(tables)
+  names = dataset_order({d for t in tables.values() for d in t["datasets"]})
+  rows = []
+  for name in names:
+    row = {"dataset": dataset_name(name),
+           "n": next((t["datasets"][name]["n"] for t in tables.values()
+                      if name in t["datasets"]), "")}
+    for c in cells:
+      d = tables[c]["datasets"].get(name)
+      row[f"{_short(c)} EM"] = fmt(d["em"]) if d else ""
+      row[f"{_short(c)} F1"] = fmt(d["f1"]) if d else ""
+    rows.append(row)
+  if len(names) > 1:
+    row = {"dataset": AVG, "n": ""}
+    for c in cells:
+      row[f"{_short(c)} EM"] = fmt(tables[c]["avg"]["em"])
+      row[f"{_short(c)} F1"] = fmt(tables[c]["avg"]["f1"])
+    rows.append(row)
+  cols = ["dataset", "n"] + [f"{_short(c)} {k}" for c in cells for k in ("EM", "F1")]
+  return rows, cols
+
+
 def format_report(result: dict) -> str:
   from rlrag_jax import runlog
+  tables = {c: cell_datasets(result, c) for c in _cell_keys(result["cells"])}
   rows = []
   for cell in CELLS:
     for sft in ("on", "off"):
@@ -306,22 +430,33 @@ def format_report(result: dict) -> str:
       if s is None:
         row.update(em="n/a", f1="n/a")
       else:
-        row.update({k: s.get(k, "") for k in ("em", "f1", "retrievals", "plan_steps",
-                                              "plan_fallback", "sepr", "n")})
+        row.update({k: s.get(k, "") for k in ("retrievals", "plan_steps", "plan_fallback",
+                                              "sepr", "n")})
+        avg = tables[f"{cell}/exec_sft_{sft}"]["avg"]
+        row.update(em=avg["em"], f1=avg["f1"])
       rows.append(row)
   cols = ["cell", "exec SFT", "em", "f1", "retrievals", "plan_steps", "plan_fallback", "sepr",
           "n"]
+  names = {d for t in tables.values() for d in t["datasets"]}
   head = (f"APEX-Searcher pipeline (greedy): planner {result['planner']} (SFT end: step "
           f"{result['planner_sft_step']}), executor {result['executor']}\n"
           f"data: {result['data']}\n"
           "exec SFT off: n/a unless --executor_base names an untrained checkpoint (a "
-          "from-scratch executor without SFT follows no prompt).\n")
-  return head + runlog.format_table(rows, cols, title="Table 2 cells") + "\n"
+          "from-scratch executor without SFT follows no prompt).\n"
+          f"em, f1: the unweighted mean over the {len(names)} dataset"
+          f"{'s' if len(names) != 1 else ''} below (the paper's Avg.; one dataset: its own).\n")
+  drows, dcols = dataset_rows(tables)
+  return (head + runlog.format_table(rows, cols, title="Table 2 cells") + "\n\n"
+          + runlog.format_table(drows, dcols, title="EM and F1 per dataset (the paper's Tables "
+                                "1-2; '/off': exec SFT off; Avg.: the unweighted mean over the "
+                                "datasets)") + "\n")
 
 
 # ------------------------------------------------------------------------------ over seeds
 def aggregate(dirs, out, resamples: int = 2000, notes: str = "") -> dict:
-  """Mean ± std over seeds per cell, and intervals of the EM differences plan_rl - naive_rag,
+  """Mean ± std over seeds per cell (EM and F1: each seed's unweighted mean over its datasets),
+  the same per dataset and for that average (the paper's Tables 1-2 and Avg.; 'datasets' in the
+  result and pipeline_seeds.json), and intervals of the EM differences plan_rl - naive_rag,
   plan_rl - no_planning, plan_rl - plan_sft and gold_plan - plan_rl, paired on (seed, question):
   pooled, hierarchical, crossed (when the summaries carry the question ids) and t over seeds
   (`rlrag_jax.metrics.seed_intervals`), with the t test's p-value and Holm's correction over the
@@ -333,11 +468,25 @@ def aggregate(dirs, out, resamples: int = 2000, notes: str = "") -> dict:
            for d in dirs]
   runs = [json.loads(p.read_text()) for p in paths]
   cells = sorted({c for r in runs for c in r["cells"]})
-  table = {}
+  stat = lambda v: (float(np.mean(v)), float(np.std(v)), len(v))
+  table, by_dataset = {}, {}
   for c in cells:
-    vals = {k: [r["cells"][c][k] for r in runs if c in r["cells"] and k in r["cells"][c]]
-            for k in ("em", "f1", "retrievals", "sepr")}
-    table[c] = {k: (float(np.mean(v)), float(np.std(v)), len(v)) for k, v in vals.items() if v}
+    have = [r for r in runs if c in r["cells"]]
+    per_seed = [cell_datasets(r, c) for r in have]
+    # EM and F1: each seed's unweighted mean over its datasets (the paper's Avg.)
+    vals = {k: [t["avg"][k] for t in per_seed] for k in ("em", "f1")}
+    vals.update({k: [r["cells"][c][k] for r in have if k in r["cells"][c]]
+                 for k in ("retrievals", "sepr")})
+    table[c] = {k: stat(v) for k, v in vals.items() if v}
+    names = dataset_order({d for t in per_seed for d in t["datasets"]})
+    # per dataset: EM and F1 as (mean, std, seeds), n its questions (a seed's)
+    by_dataset[c] = {dataset_name(d): {
+        **{k: stat([t["datasets"][d][k] for t in per_seed if d in t["datasets"]])
+           for k in ("em", "f1")},
+        "n": next(t["datasets"][d]["n"] for t in per_seed if d in t["datasets"])}
+        for d in names}
+    if len(names) > 1:
+      by_dataset[c][AVG] = {k: stat([t["avg"][k] for t in per_seed]) for k in ("em", "f1")}
   diffs = {}
   for a, b in (("plan_rl", "naive_rag"), ("plan_rl", "no_planning"), ("plan_rl", "plan_sft"),
                ("gold_plan", "plan_rl")):
@@ -359,20 +508,37 @@ def aggregate(dirs, out, resamples: int = 2000, notes: str = "") -> dict:
   lines = [f"APEX pipeline over {len(runs)} seeds ({', '.join(map(str, dirs))})", ""]
   if notes.strip():
     lines += [notes.strip(), ""]
-  lines += [
-           "| cell | EM | F1 | retrievals | plan SEPR |", "|---|---|---|---|---|"]
+  sets = dataset_order({d for r in runs for c in cells
+                        for d in cell_datasets(r, c)["datasets"]})
+  lines += [f"EM and F1: mean ± std over seeds of each seed's unweighted mean over its "
+            f"{len(sets)} dataset{'s' if len(sets) != 1 else ''} (the paper's Avg.; one "
+            "dataset: its own); per dataset in the second table.", "",
+            "| cell | EM | F1 | retrievals | plan SEPR |", "|---|---|---|---|---|"]
   fmt = lambda t: f"{t[0]:.3f} ± {t[1]:.3f}" if t else ""
   for c in cells:
     t = table[c]
     lines.append(f"| {c} | {fmt(t.get('em'))} | {fmt(t.get('f1'))} | "
                  f"{fmt(t.get('retrievals'))} | {fmt(t.get('sepr'))} |")
+  lines += ["", "EM and F1 per dataset, mean ± std over seeds (the paper's Tables 1-2, cells as "
+            "columns; '/off': exec SFT off; Avg.: each seed's unweighted mean over the "
+            "datasets, then over seeds):", ""]
+  order = _cell_keys(cells)
+  head = ["dataset", "n"] + [f"{_short(c)} {k}" for c in order for k in ("EM", "F1")]
+  lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+  for d in [dataset_name(x) for x in sets] + ([AVG] if len(sets) > 1 else []):
+    n = next((by_dataset[c][d].get("n", "") for c in order if d in by_dataset[c]), "")
+    vals = [fmt(by_dataset[c].get(d, {}).get(k)) for c in order for k in ("em", "f1")]
+    lines.append("| " + " | ".join([d, str(n)] + vals) + " |")
+  pooled = (f" (questions pooled over the {len(sets)} datasets: each weighted by its size, "
+            "unlike Avg.)" if len(sets) > 1 else "")
   lines += ["", "EM differences, paired on (seed, question), 95% intervals: pooled (a bootstrap "
             "with every (seed, question) pair one unit: no seed-to-seed variance), hierarchical "
             "(seeds, then questions within a seed), crossed (seeds, and one question draw shared "
             "by the drawn seeds, paired by question id), t over the per-seed differences; 'vs 0' "
             "reads '> 0' or '< 0' only when every seed-aware interval excludes 0; p is the t "
             f"test's, and 'Holm' says whether it survives Holm's correction at 0.05 over the "
-            f"{sum(np.isfinite(v['p']) for v in diffs.values())} differences tested here:", ""]
+            f"{sum(np.isfinite(v['p']) for v in diffs.values())} differences tested here"
+            f"{pooled}:", ""]
   ci = lambda t: f"[{t[1]:+.3f}, {t[2]:+.3f}]" if np.isfinite(t[1]) else "–"
   for k, v in diffs.items():
     lines.append(f"- {k}: {v['ci'][0]:+.3f}; pooled {ci(v['ci'])}, hierarchical "
@@ -384,21 +550,23 @@ def aggregate(dirs, out, resamples: int = 2000, notes: str = "") -> dict:
   out = pathlib.Path(out)
   out.mkdir(parents=True, exist_ok=True)
   (out / "pipeline_seeds.md").write_text(text)
-  (out / "pipeline_seeds.json").write_text(json.dumps({"cells": table, "diffs": diffs},
-                                                      indent=2))
+  (out / "pipeline_seeds.json").write_text(json.dumps({"cells": table, "datasets": by_dataset,
+                                                       "diffs": diffs}, indent=2))
   _plot(runs, out / "pipeline_seeds.png")
-  return {"cells": table, "diffs": diffs, "text": text}
+  return {"cells": table, "datasets": by_dataset, "diffs": diffs, "text": text}
 
 
 def _plot(runs, path) -> None:
-  """Held-out EM per cell (exec SFT on): one dot per seed, the mean as a bar with its std."""
+  """Held-out EM per cell (exec SFT on; a seed's unweighted mean over its datasets): one dot
+  per seed, the mean as a bar with its std."""
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
   cells = [c for c in CELLS if any(f"{c}/exec_sft_on" in r["cells"] for r in runs)]
   fig, ax = plt.subplots(figsize=(1.4 * len(cells) + 1.5, 3.2))
   for x, c in enumerate(cells):
-    v = [r["cells"][f"{c}/exec_sft_on"]["em"] for r in runs if f"{c}/exec_sft_on" in r["cells"]]
+    v = [cell_datasets(r, f"{c}/exec_sft_on")["avg"]["em"] for r in runs
+         if f"{c}/exec_sft_on" in r["cells"]]
     ax.bar(x, np.mean(v), yerr=np.std(v), color="#9ecae1", capsize=4)
     ax.scatter([x] * len(v), v, color="#08519c", s=12, zorder=3)
   ax.set_xticks(range(len(cells)), [LABELS[c] for c in cells], rotation=20, ha="right")

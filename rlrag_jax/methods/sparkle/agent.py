@@ -106,6 +106,33 @@ class Sample:
   completion: tuple
   forced: bool = False
   text: str = ""              # the completion's text
+  truncated: bool = False     # it hit its role's token cap (sparkle.max_new) without a stop
+
+
+# The proxy's roles by the names its truncation counts take (`truncation_counts`).
+CALL_NAMES = {"rd": "decision", "qf": "formulation", "ki": "selection"}
+
+
+def truncation_counts(samples: Sequence[Sample]) -> dict:
+  """Per role, the proxy's own calls ('decisions', 'formulations', 'selections') and those whose
+  generation hit the role's token cap without a stop ('truncated_decisions', ...). A forced
+  decision (the tree's branch: the rollout wrote it, the proxy generated nothing) is no call."""
+  out = {}
+  for role, name in CALL_NAMES.items():
+    made = [s for s in samples if s.role == role and not s.forced]
+    out[f"{name}s"] = float(len(made))
+    out[f"truncated_{name}s"] = float(sum(bool(s.truncated) for s in made))
+  return out
+
+
+def truncation_rates(counts: dict) -> dict:
+  """'truncated_decision_rate', '..._formulation_rate', '..._selection_rate' from summed (or
+  mean) `truncation_counts`: truncated calls over calls, 0.0 where the role made none."""
+  out = {}
+  for name in CALL_NAMES.values():
+    n = float(counts.get(f"{name}s", 0.0))
+    out[f"truncated_{name}_rate"] = float(counts.get(f"truncated_{name}s", 0.0)) / n if n else 0.0
+  return out
 
 
 class Agent:
@@ -190,9 +217,10 @@ class Agent:
       decide = []
     if decide:
       outs = self.propose("rd", [self.rd_prompt(states[i]) for i in decide], greedy)
-      for i, (text, ids, _) in zip(decide, outs):
+      for i, (text, ids, cut) in zip(decide, outs):
         d = parsing.parse_decision(text, default=cfg.rd_default)
-        samples[i].append(Sample("rd", self.rd_prompt(states[i]), tuple(ids), text=text))
+        samples[i].append(Sample("rd", self.rd_prompt(states[i]), tuple(ids), text=text,
+                                 truncated=bool(cut)))
         if not d.well_formed:
           states[i] = dataclasses.replace(states[i], malformed=states[i].malformed + ("rd",))
         if d.retrieve:
@@ -209,12 +237,13 @@ class Agent:
     if yes:
       outs = self.propose("qf", [self.qf_prompt(states[i]) for i in yes], greedy)
       forms = {}
-      for i, (text, ids, _) in zip(yes, outs):
+      for i, (text, ids, cut) in zip(yes, outs):
         s = states[i]
         fallback = s.thoughts[-1] if s.thoughts else s.question
         f = parsing.parse_formulation(text, fallback)
         forms[i] = f
-        samples[i].append(Sample("qf", self.qf_prompt(s), tuple(ids), text=text))
+        samples[i].append(Sample("qf", self.qf_prompt(s), tuple(ids), text=text,
+                                 truncated=bool(cut)))
         if not f.well_formed:
           states[i] = dataclasses.replace(s, malformed=s.malformed + ("qf",))
       queries = [forms[i].query for i in yes]
@@ -234,7 +263,7 @@ class Agent:
         kp = {i: self.ki_prompt(states[i], forms[i].chain, forms[i].query, cands[i])
               for i in ask}
         outs = self.propose("ki", [kp[i] for i in ask], greedy)
-        for i, (text, ids, _) in zip(ask, outs):
+        for i, (text, ids, cut) in zip(ask, outs):
           if cfg.ki_mode == "document":
             sel = parsing.parse_document(text, [t for t, _ in self.docs(cands[i])],
                                          fallback=cfg.ki_fallback)
@@ -242,7 +271,7 @@ class Agent:
           else:
             sel = parsing.parse_selection(text, cands[i], fallback=cfg.ki_fallback)
             doc = cands[i][sel.index].doc_id if sel.index is not None else None
-          samples[i].append(Sample("ki", kp[i], tuple(ids), text=text))
+          samples[i].append(Sample("ki", kp[i], tuple(ids), text=text, truncated=bool(cut)))
           added[i] = [doc] if doc is not None else []
           if not sel.well_formed:
             states[i] = dataclasses.replace(states[i], malformed=states[i].malformed + ("ki",))

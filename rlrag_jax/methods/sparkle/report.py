@@ -29,6 +29,20 @@ def rows_of(summary: dict, checkpoint: str, variants, recall_cols) -> list:
   return out
 
 
+def truncation_line(summary: dict, caps: dict) -> str:
+  """The held-out proxy calls that hit their token cap without a stop, per role: from an eval
+  summary's per-question means of agent.truncation_counts (their ratio is the sums' ratio)."""
+  from rlrag_jax.methods.sparkle import agent as agent_lib
+  if "decisions" not in summary:
+    return ""
+  n = float(summary.get("n", 0))
+  rates = agent_lib.truncation_rates(summary)
+  parts = [f"{name}s {rates[f'truncated_{name}_rate']:.3f} "
+           f"({summary[f'truncated_{name}s'] * n:.0f} of {summary[f'{name}s'] * n:.0f}, cap "
+           f"{caps[role]})" for role, name in agent_lib.CALL_NAMES.items()]
+  return "\n\nTruncated proxy calls (SPARKLE, held-out): " + ", ".join(parts)
+
+
 def write(task, workdir: pathlib.Path) -> str:
   summary = json.loads((workdir / "eval_summary.json").read_text())
   after = summary["after"]
@@ -47,6 +61,7 @@ def write(task, workdir: pathlib.Path) -> str:
   cols = ["checkpoint", "variant"] + [c for _, c in COLUMNS + recall_cols]
   text = runlog.format_table(rows, cols, title=f"SPARKLE held-out evaluation "
                              f"(n={after.get('n', 0)})")
+  text += truncation_line(after, task.max_new)
   if task.sft_counts:
     text += ("\n\nSFT warm-up: {kept} correct oracle trajectories of {oracle} "
              "({samples} samples)".format(**task.sft_counts))

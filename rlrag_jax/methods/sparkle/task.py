@@ -332,6 +332,11 @@ class ProxyTask(RLTask):
              "leaves": float(len(leaves)) / len(examples),
              "pruned": float(forest.counts()["pruned"]) / len(examples),
              "retrievals": float(np.mean([l.state.retrievals for l in leaves]))}
+    # The share of the proxy's calls the step trains on (pruned branches' excluded) that hit
+    # their role's token cap without a stop: reward/truncated_decision_rate,
+    # ..._formulation_rate, ..._selection_rate (logged, in no reward).
+    stats.update(agent_lib.truncation_rates(agent_lib.truncation_counts(
+        [smp for d in forest.decisions() for smp in d.sample or ()])))
     self.last_forest = dict(stats, nodes=forest.counts()["nodes"])
     runs = []        # [parent, episodes, rewards]: runs of one parent node, in the forest's order
     for d in forest.decisions():
@@ -384,7 +389,8 @@ class ProxyTask(RLTask):
     ag = self.agent(policy, rng)
     runs, seconds = {}, {}
     t0 = time.perf_counter()
-    runs[""] = ag.run(questions, greedy=True)
+    made = []                           # per question, the proxy calls it made
+    runs[""] = ag.run(questions, greedy=True, samples=made)
     seconds[""] = (time.perf_counter() - t0) / max(1, len(examples))
     if self.settings.eval.baselines:
       key = tuple(str(ex.id) for ex in examples)
@@ -403,7 +409,9 @@ class ProxyTask(RLTask):
         self._baselines[key] = base
       for p, (states, secs) in self._baselines[key].items():
         runs[p], seconds[p] = states, secs
-    return [{p: {"state": runs[p][k], "seconds": seconds[p]} for p in runs}
+    return [{p: {"state": runs[p][k], "seconds": seconds[p],
+                 **({"calls": agent_lib.truncation_counts(made[k])} if p == "" else {})}
+             for p in runs}
             for k in range(len(examples))]
 
   def row_metrics(self, ex, runs) -> dict:
@@ -428,6 +436,8 @@ class ProxyTask(RLTask):
       if p == "":
         for role in ("rd", "qf", "ki", "reader"):
           m[f"malformed_{role}"] = float(st.malformed.count(role))
+        # the proxy's calls and those cut at their token cap (the report's rates: sums' ratio)
+        m.update(r.get("calls", {}))
     return m
 
   def report(self, workdir, rlog, setup) -> None:
