@@ -164,8 +164,10 @@ def bench_ours(ckpt: pathlib.Path, prompts: list, shape: Shape, steps: int, warm
   encode = lambda text: tok(text, add_special_tokens=True)["input_ids"]   # as TRL tokenizes
   decode = lambda ids: tok.decode(list(ids), skip_special_tokens=True)
   base_key = jax.random.PRNGKey(0)
-  # The compiled programs of the jits a step runs (rl_step is an UpdateStep: its one-jit form).
-  programs = lambda: (sampler._generate_jit._cache_size(), st.logp._cache_size(),
+  # The compiled programs of the jits a step runs (rl_step is an UpdateStep: its one-jit form;
+  # logp a Forward: its static-start and traced-start jits).
+  programs = lambda: (sampler._generate_jit._cache_size(),
+                      st.logp.static._cache_size() + st.logp.traced._cache_size(),
                       st.rl_step.jit._cache_size())
   from rlrag_jax.training.compiles import CompileCounter
   counter = CompileCounter()
